@@ -1,0 +1,73 @@
+"""Optimus: a multi-level graph optimizer for PyTorch 2.x.
+
+Vertical rewrites delete pointless chains (split-then-cat, unbind-then-stack);
+horizontal rewrites merge independent identical ops. Rules are written once against a
+canonical op vocabulary and run at Torch-IR (Dynamo's pre-grad graph), Aten-IR (post-grad
+forward/backward graphs) and, through scheduler hooks, Inductor-IR.
+
+Quick start::
+
+    import optimus
+    model = optimus.compile(model)              # torch.compile + Optimus passes
+    report = optimus.explain(model, x)          # what changed, per level and rule
+    gm = optimus.optimize(fx_graph_module)      # rewrite a bare FX graph
+"""
+
+from __future__ import annotations
+
+import os as _os
+
+__version__ = "0.1.0"
+
+# The Triton kernels live in the top-level ``kernels/`` folder and are installed as
+# ``optimus.kernels``; in a source checkout (no install) make the same import work.
+_here = _os.path.dirname(_os.path.abspath(__file__))
+if not _os.path.isdir(_os.path.join(_here, "kernels")):
+    _root = _os.path.dirname(_here)
+    if _os.path.isfile(_os.path.join(_root, "kernels", "__init__.py")):
+        __path__.append(_root)  # type: ignore[name-defined]  # noqa: F821
+
+from .compile import compile, explain, last_report, make_backend, optimize  # noqa: E402
+from .core.pattern import ANY, Alt, Each, ListOf, Lit, Op, Var  # noqa: E402
+from .core.registry import REGISTRY, DriverOptions, PassConfig, resolve  # noqa: E402
+from .core.report import Report  # noqa: E402
+from .core.rule import Builder, Decline, Match, Rule, rule  # noqa: E402
+
+
+def register_rule(r: Rule, replace: bool = False) -> Rule:
+    """Register a ``Rule`` built without the ``@optimus.rule`` decorator."""
+    return REGISTRY.add(r, replace=replace)
+
+
+def list_rules(level: str | None = None) -> list[Rule]:
+    """Registered rules (built-in and user), in the order the driver tries them."""
+    resolve("none")  # loads the built-in rules
+    return REGISTRY.rules(level)
+
+
+__all__ = [
+    "ANY",
+    "Alt",
+    "Builder",
+    "Decline",
+    "DriverOptions",
+    "Each",
+    "ListOf",
+    "Lit",
+    "Match",
+    "Op",
+    "PassConfig",
+    "REGISTRY",
+    "Report",
+    "Rule",
+    "Var",
+    "compile",
+    "explain",
+    "last_report",
+    "list_rules",
+    "make_backend",
+    "optimize",
+    "register_rule",
+    "resolve",
+    "rule",
+]

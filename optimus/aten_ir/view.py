@@ -1,0 +1,214 @@
+"""Aten-IR view: functional post-grad forward and backward graphs (also ``make_fx`` and
+``torch.export`` graphs of aten ops).
+
+Ops are ``OpOverload``s (``aten.split.Tensor``, ``aten.split_with_sizes.default``,
+``aten.slice.Tensor``, ...); arguments are bound through each overload's schema, so
+positional and keyword spellings read the same. Shapes come from ``node.meta["val"]``.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from ..core.view import BindError, GraphView, is_int
+from ..core.vocab import UNARY_POINTWISE
+
+aten = torch.ops.aten
+
+# overload -> (canonical op, schema-name -> canonical-name renames)
+_SELF = {"self": "input"}
+_TABLE: dict[Any, tuple[str, dict[str, str]]] = {
+    aten.split.Tensor: ("split", {**_SELF, "split_size": "sizes"}),
+    aten.split_with_sizes.default: ("split", {**_SELF, "split_sizes": "sizes"}),
+    aten.unbind.int: ("unbind", _SELF),
+    aten.cat.default: ("cat", {}),
+    aten.stack.default: ("stack", {}),
+    aten.slice.Tensor: ("slice", _SELF),
+    aten.select.int: ("select", _SELF),
+    aten.view.default: ("view", {**_SELF, "size": "shape"}),
+    aten._unsafe_view.default: ("view", {**_SELF, "size": "shape"}),
+    aten.reshape.default: ("reshape", _SELF),
+    aten.permute.default: ("permute", _SELF),
+    aten.transpose.int: ("transpose", _SELF),
+    aten.squeeze.dim: ("squeeze", {**_SELF, "dim": "dims"}),
+    aten.squeeze.dims: ("squeeze", {**_SELF, "dim": "dims"}),
+    aten.squeeze.default: ("squeeze", _SELF),
+    aten.unsqueeze.default: ("unsqueeze", _SELF),
+    aten.expand.default: ("expand", {**_SELF, "size": "shape"}),
+    aten.clone.default: ("clone", _SELF),
+    aten.mm.default: ("mm", _SELF),
+    aten.bmm.default: ("bmm", _SELF),
+    aten.addmm.default: ("addmm", {"self": "bias", "mat1": "input"}),
+    aten.baddbmm.default: ("baddbmm", {"self": "bias", "batch1": "input", "batch2": "mat2"}),
+    aten.clamp.default: ("clamp", _SELF),
+    aten.nan_to_num.default: ("nan_to_num", _SELF),
+    aten.gelu.default: ("gelu", _SELF),
+    aten.leaky_relu.default: ("leaky_relu", _SELF),
+    aten.add.Tensor: ("add", _SELF),
+    aten.add.Scalar: ("add", _SELF),
+    aten.sub.Tensor: ("sub", _SELF),
+    aten.sub.Scalar: ("sub", _SELF),
+    aten.mul.Tensor: ("mul", _SELF),
+    aten.mul.Scalar: ("mul", _SELF),
+    aten.div.Tensor: ("div", _SELF),
+    aten.div.Scalar: ("div", _SELF),
+    aten.div.Tensor_mode: ("div", _SELF),
+    aten.div.Scalar_mode: ("div", _SELF),
+}
+for _u in UNARY_POINTWISE:
+    _packet = getattr(aten, _u, None)
+    if _packet is not None and hasattr(_packet, "default"):
+        _TABLE[_packet.default] = (_u, _SELF)
+
+_EMIT: dict[str, Any] = {
+    "unbind": aten.unbind.int,
+    "cat": aten.cat.default,
+    "stack": aten.stack.default,
+    "slice": aten.slice.Tensor,
+    "select": aten.select.int,
+    "view": aten.view.default,
+    "reshape": aten.reshape.default,
+    "permute": aten.permute.default,
+    "transpose": aten.transpose.int,
+    "unsqueeze": aten.unsqueeze.default,
+    "expand": aten.expand.default,
+    "clone": aten.clone.default,
+    "mm": aten.mm.default,
+    "bmm": aten.bmm.default,
+    "addmm": aten.addmm.default,
+    "baddbmm": aten.baddbmm.default,
+    "clamp": aten.clamp.default,
+    "nan_to_num": aten.nan_to_num.default,
+    "gelu": aten.gelu.default,
+    "leaky_relu": aten.leaky_relu.default,
+    "add": aten.add.Tensor,
+    "sub": aten.sub.Tensor,
+    "mul": aten.mul.Tensor,
+    "div": aten.div.Tensor,
+}
+for _u in UNARY_POINTWISE:
+    _packet = getattr(aten, _u, None)
+    if _packet is not None and hasattr(_packet, "default"):
+        _EMIT.setdefault(_u, _packet.default)
+
+
+def bind_schema(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Bind a call of an ``OpOverload`` to its schema's argument names (with defaults)."""
+    schema = op._schema
+    out: dict[str, Any] = {}
+    params = schema.arguments
+    if len(args) > len(params):
+        raise BindError("too many positional arguments")
+    for p, v in zip(params, args):
+        out[p.name] = v
+    for k, v in kwargs.items():
+        if k in out:
+            raise BindError(f"argument {k!r} given twice")
+        if not any(p.name == k for p in params):
+            raise BindError(f"unexpected keyword argument {k!r}")
+        out[k] = v
+    for p in params:
+        if p.name not in out:
+            if p.has_default_value():
+                out[p.name] = p.default_value
+            elif p.type.kind() == "OptionalType":
+                out[p.name] = None
+            else:
+                raise BindError(f"missing argument {p.name!r}")
+    return out
+
+
+class AtenIRView(GraphView):
+    level = "aten_ir"
+    meta_key = "val"
+
+    def _classify(self, node: fx.Node) -> tuple[str, dict[str, Any]] | None:
+        if node.op != "call_function":
+            return None
+        target = node.target
+        if target is operator.getitem:
+            src, index = node.args
+            if isinstance(src, fx.Node) and is_int(index):
+                return "getitem", {"input": src, "index": index}
+            return None
+        entry = _TABLE.get(target)
+        if entry is None:
+            return None
+        op, renames = entry
+        bound = bind_schema(target, node.args, dict(node.kwargs))
+        args = {renames.get(k, k): v for k, v in bound.items()}
+        if op == "squeeze" and "dims" not in args:
+            args["dims"] = None
+        if op == "clone":
+            fmt = args.pop("memory_format", None)
+            if fmt not in (None, torch.preserve_format):
+                return None
+        if op == "div":
+            args.setdefault("rounding_mode", None)
+        if op in ("add", "sub"):
+            args.setdefault("alpha", 1)
+        if op == "slice":
+            args.setdefault("step", 1)
+        if op == "select" and not is_int(args.get("index")) and not isinstance(args.get("index"), torch.SymInt):
+            return None
+        return op, args
+
+    def _emit_target(self, op: str, a: dict[str, Any]) -> tuple[str, Any, list[Any], dict[str, Any]]:
+        cf = "call_function"
+        if op == "getitem":
+            return cf, operator.getitem, [a["input"], a["index"]], {}
+        if op == "split":
+            if isinstance(a["sizes"], (list, tuple)):
+                return cf, aten.split_with_sizes.default, [a["input"], list(a["sizes"]), a["dim"]], {}
+            return cf, aten.split.Tensor, [a["input"], a["sizes"], a["dim"]], {}
+        if op == "squeeze":
+            dims = a.get("dims")
+            if dims is None:
+                return cf, aten.squeeze.default, [a["input"]], {}
+            return cf, aten.squeeze.dims, [a["input"], list(dims)], {}
+        if op == "slice":
+            return cf, aten.slice.Tensor, [a["input"], a["dim"], a["start"], a["end"], a.get("step", 1)], {}
+        if op == "div" and a.get("rounding_mode") is not None:
+            return cf, aten.div.Tensor_mode, [a["input"], a["other"]], {"rounding_mode": a["rounding_mode"]}
+        if op in ("add", "sub"):
+            kw = {"alpha": a["alpha"]} if a.get("alpha", 1) != 1 else {}
+            return cf, _EMIT[op], [a["input"], a["other"]], kw
+        if op == "div":
+            return cf, aten.div.Tensor, [a["input"], a["other"]], {}
+        if op in ("addmm", "baddbmm"):
+            kw = {k: a[k] for k in ("beta", "alpha") if a.get(k, 1) != 1}
+            return cf, _EMIT[op], [a["bias"], a["input"], a["mat2"]], kw
+        if op == "gelu":
+            kw = {"approximate": a["approximate"]} if a.get("approximate", "none") != "none" else {}
+            return cf, aten.gelu.default, [a["input"]], kw
+        if op == "nan_to_num":
+            return cf, aten.nan_to_num.default, [a["input"], a["nan"], a["posinf"], a["neginf"]], {}
+        if op in ("view", "reshape", "expand"):
+            return cf, _EMIT[op], [a["input"], list(a["shape"])], {}
+        if op == "permute":
+            return cf, aten.permute.default, [a["input"], list(a["dims"])], {}
+        target = _EMIT.get(op)
+        if target is None:
+            raise KeyError(f"Aten-IR cannot emit {op!r}")
+        names = [p.name for p in target._schema.arguments]
+        canon = {"self": "input", "mat1": "input", "batch1": "input", "batch2": "mat2"}
+        return cf, target, [a[canon.get(n, n)] for n in names if canon.get(n, n) in a], {}
+
+    def mutated_inputs(self, node: fx.Node) -> list[fx.Node]:
+        target = node.target
+        schema = getattr(target, "_schema", None)
+        if node.op != "call_function" or schema is None or not schema.is_mutable:
+            return []
+        try:
+            bound = bind_schema(target, node.args, dict(node.kwargs))
+        except BindError:
+            return [a for a in node.all_input_nodes]
+        written: list[fx.Node] = []
+        for p in schema.arguments:
+            if p.alias_info is not None and p.alias_info.is_write:
+                fx.node.map_arg(bound.get(p.name), written.append)
+        return written

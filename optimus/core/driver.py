@@ -1,0 +1,364 @@
+"""The greedy, anchor-driven rewrite driver. It owns all graph surgery.
+
+For one graph at one level:
+
+1. A worklist holds every node (in graph order). For a node, the rules anchored at its
+   canonical op are tried in priority order; the first that rewrites wins.
+2. A rewrite is a transaction: the rule's pattern matches, the driver refuses regions
+   that touch tensors mutated in place, the rule's conditions run, the replacement emits
+   new nodes through a ``Builder``; then the driver validates (shapes and dtypes equal,
+   definitions before uses, no new aliasing of graph outputs) and only then redirects
+   uses and removes what became dead. Any exception or failed check erases the new
+   nodes and leaves the graph as it was; the error is reported and the driver goes on.
+3. The neighbours of what changed (new nodes, their users, the surviving producers of
+   removed nodes and their users) are re-queued, so rules interplay to a fixpoint.
+   A rewrite budget (default ``4 * nodes + 1000``) bounds rule cycles.
+
+``optimize_graph`` wraps that with a whole-graph snapshot: if the final lint fails, the
+level is rolled back entirely. With ``numeric_check`` it also runs the original and the
+optimized graph on random inputs and, on a mismatch, replays the rewrites to find and
+disable the rule responsible (see ``numeric.py``).
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import logging
+import time
+from typing import Any, Iterable
+
+import torch
+import torch.fx as fx
+
+from .registry import PassConfig
+from .report import GraphReport, Report, RuleStats
+from .rule import Builder, Decline, Rule, condition_reason
+from .safety import AliasAnalysis
+from .symbolic import known_eq, known_sizes_eq
+from .view import GraphView
+
+log = logging.getLogger("optimus")
+
+DEAD_CODE = "dead_code_elimination"
+
+
+class Driver:
+    def __init__(
+        self,
+        view: GraphView,
+        rules: list[tuple[Rule, dict[str, Any]]],
+        report: GraphReport,
+        max_rewrites: int | None = None,
+        lint_each: bool = False,
+    ) -> None:
+        self.view = view
+        self.graph = view.graph
+        self.report = report
+        self.by_anchor: dict[str, list[tuple[Rule, dict[str, Any]]]] = collections.defaultdict(list)
+        for rule, options in rules:
+            for anchor in rule.anchors:
+                self.by_anchor[anchor].append((rule, options))
+        n = len(self.graph.nodes)
+        self.max_rewrites = max_rewrites if max_rewrites is not None else 4 * n + 1000
+        self.lint_each = lint_each
+        self.rewrites = 0
+        self.applied: list[str] = []  # rule name of each rewrite, in order (for bisection)
+        self.failed: set[tuple[str, fx.Node]] = set()
+        self.alias = AliasAnalysis(view)
+        self._queue: collections.deque[fx.Node] = collections.deque()
+        self._queued: set[fx.Node] = set()
+
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> None:
+        self._remove_dead_code_upfront()
+        self._enqueue(self.graph.nodes)
+        while self._queue:
+            node = self._queue.popleft()
+            self._queued.discard(node)
+            if node._erased:
+                continue
+            call = self.view.classify(node)
+            if call is None:
+                continue
+            for rule, options in self.by_anchor.get(call.op, ()):
+                if (rule.name, node) in self.failed:
+                    continue
+                if self._try(rule, options, call):
+                    break
+            if self.rewrites >= self.max_rewrites:
+                if self._queue:
+                    self.report.notes.append(f"stopped at the rewrite budget ({self.max_rewrites}); {len(self._queue)} nodes not revisited")
+                break
+
+    def _enqueue(self, nodes: Iterable[fx.Node]) -> None:
+        for n in nodes:
+            if n not in self._queued and not n._erased:
+                self._queued.add(n)
+                self._queue.append(n)
+
+    # ------------------------------------------------------------- one rewrite
+    def _try(self, rule: Rule, options: dict[str, Any], call: Any) -> bool:
+        match = rule.match(call, self.view, options)
+        if match is None:
+            return False
+        stats = self.report.stats(rule.name)
+        anchor = call.node
+        t0 = time.perf_counter()
+        builder: Builder | None = None
+        try:
+            self._check_region(match)
+            for cond in rule.where:
+                if not cond(match):
+                    raise Decline(condition_reason(cond))
+            builder = Builder(self.view, anchor)
+            result = rule.replace(match, builder)
+            pairs = self._pairs(result, anchor)
+            self._validate(pairs, builder)
+            self._commit(rule, pairs, builder, stats)
+            return True
+        except Decline as d:
+            self._discard(builder)
+            stats.decline(anchor.name, d.reason)
+            return False
+        except Exception as e:  # a broken rule never takes the compile down
+            self._discard(builder)
+            self.failed.add((rule.name, anchor))
+            msg = f"{anchor.name}: {type(e).__name__}: {e}"
+            stats.errors.append(msg)
+            log.warning("optimus: rule %s failed on %s and was rolled back: %s", rule.name, anchor.name, e)
+            return False
+        finally:
+            stats.time_s += time.perf_counter() - t0
+
+    def _check_region(self, match: Any) -> None:
+        region: list[fx.Node] = list(match.nodes)
+        for v in match.bindings.values():
+            if isinstance(v, (list, tuple, fx.Node)):
+                fx.node.map_arg(v, region.append)
+        for n in region:
+            if self.alias.is_mutated(n):
+                raise Decline(f"touches {n.name}, which aliases a tensor mutated in place")
+
+    @staticmethod
+    def _pairs(result: Any, anchor: fx.Node) -> list[tuple[fx.Node, fx.Node]]:
+        if result is None:
+            raise Decline("the replacement declined")
+        if isinstance(result, fx.Node):
+            pairs = [(anchor, result)]
+        elif isinstance(result, dict):
+            pairs = list(result.items())
+        else:
+            raise TypeError(f"a replacement must return a Node or a {{old: new}} dict, got {type(result).__name__}")
+        pairs = [(old, new) for old, new in pairs if old is not new]
+        if not pairs:
+            raise Decline("the replacement is the node itself")
+        for old, new in pairs:
+            if not isinstance(old, fx.Node) or not isinstance(new, fx.Node):
+                raise TypeError("replacements map nodes to nodes")
+        return pairs
+
+    def _validate(self, pairs: list[tuple[fx.Node, fx.Node]], builder: Builder) -> None:
+        new_set = set(builder.new_nodes)
+        for old, new in pairs:
+            if old._erased or new._erased:
+                raise RuntimeError("replacement refers to an erased node")
+            _check_same_value(self.view, old, new)
+            problem = self.alias.output_alias_problem(old, new)
+            if problem:
+                raise Decline(problem)
+            for user in old.users:
+                if user not in new_set and not new._sort_key < user._sort_key:
+                    raise Decline(f"{new.name} would be defined after its user {user.name}")
+        for node in builder.new_nodes:  # local lint: inputs defined before use
+            for inp in node.all_input_nodes:
+                if inp._erased or not inp._sort_key < node._sort_key:
+                    raise RuntimeError(f"new node {node.name} uses {inp.name} before it is defined")
+
+    def _commit(self, rule: Rule, pairs: list[tuple[fx.Node, fx.Node]], builder: Builder, stats: RuleStats) -> None:
+        new_set = set(builder.new_nodes)
+        for old, new in pairs:
+            old.replace_all_uses_with(new, delete_user_cb=lambda u: u not in new_set)
+        for node in builder.new_nodes:
+            self.alias.add(node)
+        erased = self._dead_code([old for old, _ in pairs] + builder.new_nodes)
+        erased_new = sum(1 for n in erased if n in new_set)
+        stats.matched += 1
+        stats.added += len(builder.new_nodes) - erased_new
+        stats.removed += len(erased) - erased_new
+        self.rewrites += 1
+        self.applied.append(rule.name)
+        if self.lint_each:
+            self.graph.lint()
+        touched: list[fx.Node] = []
+        for node in builder.new_nodes:
+            if not node._erased:
+                touched.append(node)
+                touched.extend(node.users)
+        for _, new in pairs:
+            touched.extend(new.all_input_nodes)
+        survivors = {inp for n in erased for inp in n.all_input_nodes if not inp._erased}
+        for node in survivors:
+            touched.append(node)
+            touched.extend(node.users)
+        self._enqueue(touched)
+
+    def _discard(self, builder: Builder | None) -> None:
+        if builder is None:
+            return
+        for node in reversed(builder.new_nodes):
+            if not node._erased and not node.users:
+                self.graph.erase_node(node)
+
+    def _dead_code(self, candidates: Iterable[fx.Node]) -> list[fx.Node]:
+        erased: list[fx.Node] = []
+        stack = list(candidates)
+        while stack:
+            node = stack.pop()
+            if node._erased or node.users or self.view.has_side_effects(node):
+                continue
+            inputs = node.all_input_nodes
+            self.graph.erase_node(node)
+            erased.append(node)
+            stack.extend(inputs)
+        return erased
+
+    def _remove_dead_code_upfront(self) -> None:
+        erased = self._dead_code(reversed(list(self.graph.nodes)))
+        if erased:
+            self.report.stats(DEAD_CODE).removed += len(erased)
+            self.report.stats(DEAD_CODE).matched += len(erased)
+
+
+def _check_same_value(view: GraphView, old: fx.Node, new: fx.Node) -> None:
+    a, b = view.val(old), view.val(new)
+    if a is None:
+        return  # nothing known to compare (graphs without metadata)
+    if b is None:
+        raise RuntimeError(f"replacement {new.name} has no shape metadata")
+    if isinstance(a, torch.Tensor) != isinstance(b, torch.Tensor):
+        raise RuntimeError(f"{new.name} is not the same kind of value as {old.name}")
+    if isinstance(a, torch.Tensor):
+        if not known_sizes_eq(tuple(a.shape), tuple(b.shape)):
+            raise RuntimeError(f"shape changed: {old.name} {tuple(a.shape)} -> {new.name} {tuple(b.shape)}")
+        if a.dtype != b.dtype:
+            raise RuntimeError(f"dtype changed: {old.name} {a.dtype} -> {new.name} {b.dtype}")
+        if a.device != b.device:
+            raise RuntimeError(f"device changed: {old.name} {a.device} -> {new.name} {b.device}")
+    elif isinstance(a, (list, tuple)):
+        if not isinstance(b, (list, tuple)) or len(a) != len(b):
+            raise RuntimeError(f"{new.name} returns a different number of values than {old.name}")
+        for x, y in zip(a, b):
+            if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+                if not known_sizes_eq(tuple(x.shape), tuple(y.shape)) or x.dtype != y.dtype:
+                    raise RuntimeError(f"an output of {old.name} changed shape or dtype")
+    elif not known_eq(a, b):
+        raise RuntimeError(f"value changed: {old.name} -> {new.name}")
+
+
+# ------------------------------------------------------------------ graph-level API
+def snapshot(graph: fx.Graph) -> fx.Graph:
+    """A copy of the graph (nodes and metadata) for whole-level rollback."""
+    copy = fx.Graph(owning_module=graph.owning_module)
+    val_map: dict[fx.Node, fx.Node] = {}
+    out = copy.graph_copy(graph, val_map)
+    copy.output(out)
+    return copy
+
+
+def restore(graph: fx.Graph, backup: fx.Graph) -> None:
+    """Make ``graph`` (the same object, which callers hold) equal to ``backup`` again."""
+    for node in reversed(list(graph.nodes)):
+        graph.erase_node(node)
+    val_map: dict[fx.Node, fx.Node] = {}
+    out = graph.graph_copy(backup, val_map)
+    graph.output(out)
+
+
+def stable_topological_sort(graph: fx.Graph) -> None:
+    """Reorder nodes so every input precedes its users, keeping the order otherwise."""
+    nodes = list(graph.nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+    pending = {n: sum(1 for i in n.all_input_nodes) for n in nodes}
+    ready = [(index[n], n) for n in nodes if pending[n] == 0]
+    heapq.heapify(ready)
+    order: list[fx.Node] = []
+    while ready:
+        _, n = heapq.heappop(ready)
+        order.append(n)
+        for user in n.users:
+            pending[user] -= 1
+            if pending[user] == 0:
+                heapq.heappush(ready, (index[user], user))
+    if len(order) != len(nodes):
+        raise RuntimeError("the graph has a cycle")
+    cursor = graph._root
+    for n in order:
+        cursor.append(n)
+        cursor = n
+
+
+def make_view(level: str, gm: fx.GraphModule) -> GraphView:
+    if level == "torch_ir":
+        from ..torch_ir.view import TorchIRView
+
+        return TorchIRView(gm)
+    if level == "aten_ir":
+        from ..aten_ir.view import AtenIRView
+
+        return AtenIRView(gm)
+    raise ValueError(f"no FX graph view for level {level!r}")
+
+
+def optimize_graph(
+    gm: fx.GraphModule,
+    level: str,
+    config: PassConfig,
+    report: Report,
+    graph_name: str,
+    view: GraphView | None = None,
+    example_inputs: list[Any] | None = None,
+) -> GraphReport | None:
+    """Run the level's selected rules on ``gm`` in place; record what happened."""
+    rules = [(r, config.options_for(level, r)) for r in config.rules_for(level)]
+    if not rules:
+        return None
+    view = view or make_view(level, gm)
+    graph = gm.graph
+    gr = report.new_graph(level, graph_name)
+    gr.nodes_before = len(graph.nodes)
+    t0 = time.perf_counter()
+    backup = snapshot(graph)
+    disabled: set[str] = set()
+    for _attempt in range(4):
+        active = [(r, o) for r, o in rules if r.name not in disabled]
+        driver = Driver(view, active, gr, config.driver.max_rewrites, config.driver.lint == "each")
+        try:
+            driver.run()
+            graph.lint()
+        except Exception as e:  # the driver itself failed: leave the level untouched
+            restore(graph, backup)
+            gr.notes.append(f"level rolled back: {type(e).__name__}: {e}")
+            log.warning("optimus: %s pass on %s rolled back: %s", level, graph_name, e)
+            break
+        if not config.driver.numeric_check or driver.rewrites == 0:
+            break
+        from .numeric import find_culprit
+
+        culprit, note = find_culprit(gm, backup, view, active, example_inputs, config.driver.max_rewrites)
+        if culprit is None:
+            gr.notes.append(note)
+            break
+        gr.notes.append(f"numeric check: rule {culprit!r} changed results; rolled back and disabled for this graph")
+        gr.stats(culprit).errors.append("changed numeric results (numeric check)")
+        log.warning("optimus: rule %s changed numeric results on %s; disabled", culprit, graph_name)
+        restore(graph, backup)
+        for stats in gr.rules.values():  # recount from scratch on the retry
+            errors = stats.errors
+            stats.__init__()
+            stats.errors = errors
+        disabled.add(culprit)
+    gm.recompile()
+    gr.nodes_after = len(graph.nodes)
+    gr.time_s = time.perf_counter() - t0
+    return gr

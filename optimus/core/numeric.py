@@ -1,0 +1,125 @@
+"""Numeric-check mode: does the optimized graph compute what the original computed?
+
+Both graphs run on the same random inputs (drawn from the placeholders' metadata, or the
+caller's example inputs). On a mismatch the rewrites are replayed on a fresh copy of the
+original with a growing rewrite budget (the driver is deterministic), bisecting for the
+first rewrite after which results differ; its rule is the culprit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from .report import GraphReport
+from .view import GraphView
+
+
+def random_inputs(gm: fx.GraphModule, view: GraphView, seed: int = 0) -> list[torch.Tensor] | None:
+    """Random tensors matching the placeholders' metadata (``None`` if unknown)."""
+    gen = torch.Generator().manual_seed(seed)
+    inputs: list[Any] = []
+    for node in gm.graph.find_nodes(op="placeholder") if hasattr(gm.graph, "find_nodes") else [n for n in gm.graph.nodes if n.op == "placeholder"]:
+        val = view.val(node)
+        if isinstance(val, (int, float, bool)):
+            inputs.append(val)
+            continue
+        if not isinstance(val, torch.Tensor):
+            return None
+        shape = []
+        for s in val.shape:
+            if isinstance(s, torch.SymInt):
+                hint = getattr(s.node, "hint", None)
+                if hint is None:
+                    return None
+                s = int(hint)
+            shape.append(int(s))
+        if val.dtype.is_floating_point:
+            t = torch.randn(shape, generator=gen, dtype=torch.float32).to(val.dtype)
+        elif val.dtype == torch.bool:
+            t = torch.rand(shape, generator=gen) > 0.5
+        else:
+            t = torch.randint(0, 3, shape, generator=gen).to(val.dtype)
+        inputs.append(t.to(val.device) if val.device.type != "meta" else t)
+    return inputs
+
+
+def _run(gm: fx.GraphModule, inputs: list[Any]) -> Any:
+    torch.manual_seed(0)
+    with torch.no_grad():
+        return gm(*inputs)
+
+
+def outputs_match(a: Any, b: Any, rtol: float = 1e-4, atol: float = 1e-5) -> bool:
+    fa = [x for x in torch.utils._pytree.tree_leaves(a)]
+    fb = [x for x in torch.utils._pytree.tree_leaves(b)]
+    if len(fa) != len(fb):
+        return False
+    for x, y in zip(fa, fb):
+        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
+            return False
+        if isinstance(x, torch.Tensor):
+            if x.shape != y.shape or x.dtype != y.dtype:
+                return False
+            tol = (1e-2, 1e-2) if x.dtype in (torch.float16, torch.bfloat16) else (rtol, atol)
+            if not torch.allclose(x.float(), y.float(), rtol=tol[0], atol=tol[1], equal_nan=True):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def find_culprit(
+    gm: fx.GraphModule,
+    original: fx.Graph,
+    view: GraphView,
+    rules: list[Any],
+    example_inputs: list[Any] | None,
+    max_rewrites: int | None,
+) -> tuple[str | None, str]:
+    """(culprit rule name or None, a note for the report)."""
+    from .driver import Driver, make_view, snapshot
+
+    ref_gm = fx.GraphModule(gm, snapshot(original))
+    inputs = None
+    if example_inputs is not None and all(isinstance(t, torch.Tensor) and not _is_fake(t) for t in example_inputs):
+        inputs = list(example_inputs)
+    if inputs is None:
+        inputs = random_inputs(ref_gm, view)
+    if inputs is None:
+        return None, "numeric check skipped: input shapes unknown"
+    try:
+        expected = _run(ref_gm, inputs)
+    except Exception as e:
+        return None, f"numeric check skipped: the original graph does not run on random inputs ({type(e).__name__})"
+    if outputs_match(expected, _run(gm, inputs)):
+        return None, "numeric check passed"
+
+    def differs_after(k: int) -> bool:
+        trial = fx.GraphModule(gm, snapshot(original))
+        d = Driver(make_view(view.level, trial), rules, GraphReport(view.level, "bisect"), max_rewrites=k)
+        d.run()
+        trial.recompile()
+        return not outputs_match(expected, _run(trial, inputs)), d.applied
+
+    full = Driver(make_view(view.level, fx.GraphModule(gm, snapshot(original))), rules, GraphReport(view.level, "bisect"), max_rewrites)
+    full.run()
+    lo, hi = 0, len(full.applied)  # results match after lo rewrites, differ after hi
+    applied = full.applied
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        bad, _ = differs_after(mid)
+        if bad:
+            hi = mid
+        else:
+            lo = mid
+    culprit = applied[hi - 1] if applied else None
+    return culprit, f"numeric check failed after rewrite {hi} ({culprit})"
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)

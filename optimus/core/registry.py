@@ -1,0 +1,246 @@
+"""The rule registry and the ``passes`` option.
+
+Every rule registers here (built-in rules when their module is imported, user rules
+through ``@optimus.rule``). ``resolve(passes)`` turns what a user wrote into a
+``PassConfig``: which rules run at which level, with which options.
+
+``passes`` may be
+
+* a preset: ``"none"``, ``"vertical"``, ``"horizontal"``, ``"all"`` (``"default"`` is
+  ``"all"``); presets include the canonicalization rules the others rely on;
+* a level name (``"torch_ir"``, ``"aten_ir"``, ``"inductor_ir"``): every rule of that level;
+* a rule name: that rule, at every level it supports;
+* a list of the above (their union);
+* a dict per level: ``{"torch_ir": "vertical", "aten_ir": ["split_cat_to_identity"],
+  "inductor_ir": "none"}``; a level's value may also be ``{rule_name: {option: value}}``
+  to pass per-rule options; the key ``"options"`` holds driver options
+  (``numeric_check``, ``max_rewrites``, ``lint``);
+* a ``PassConfig``.
+
+An unknown name raises ``ValueError`` naming the closest valid names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+from typing import Any, Iterable
+
+from .rule import KINDS, LEVELS, Rule
+
+PRESETS: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "vertical": ("canonicalize", "vertical"),
+    "horizontal": ("canonicalize", "horizontal"),
+    "all": KINDS,
+    "default": KINDS,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class DriverOptions:
+    """How the greedy driver runs (not which rules)."""
+
+    numeric_check: bool = False  # run original vs optimized on random inputs; bisect culprits
+    max_rewrites: int | None = None  # bound on rewrites per graph (default: 4 * nodes + 1000)
+    lint: str = "end"  # "end": full lint after each level; "each": after every rewrite (slow)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.numeric_check, bool):
+            raise TypeError(f"options.numeric_check must be a bool, got {type(self.numeric_check).__name__}")
+        if self.max_rewrites is not None and (not isinstance(self.max_rewrites, int) or self.max_rewrites < 0):
+            raise TypeError(f"options.max_rewrites must be a non-negative int or None, got {self.max_rewrites!r}")
+        if self.lint not in ("end", "each"):
+            raise ValueError(f"options.lint must be 'end' or 'each', got {self.lint!r}")
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._rules: dict[str, Rule] = {}
+        self._order: dict[str, int] = {}
+        self._version = 0
+
+    def add(self, rule: Rule, replace: bool = False) -> Rule:
+        if rule.name in self._rules and not replace and self._rules[rule.name] is not rule:
+            old = self._rules[rule.name]
+            if old.fingerprint() != rule.fingerprint():
+                raise ValueError(
+                    f"a rule named {rule.name!r} is already registered; pick another name "
+                    "or call optimus.register_rule(rule, replace=True)"
+                )
+        if rule.name in _RESERVED:
+            raise ValueError(f"{rule.name!r} is a preset or level name; pick another rule name")
+        self._order.setdefault(rule.name, len(self._order))
+        self._rules[rule.name] = rule
+        self._version += 1
+        return rule
+
+    def remove(self, name: str) -> None:
+        self._rules.pop(name, None)
+        self._version += 1
+
+    def get(self, name: str) -> Rule:
+        return self._rules[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._rules
+
+    def rules(self, level: str | None = None, kinds: Iterable[str] | None = None) -> list[Rule]:
+        kinds = tuple(kinds) if kinds is not None else KINDS
+        found = [r for r in self._rules.values() if (level is None or level in r.levels) and r.kind in kinds]
+        return sorted(found, key=lambda r: (r.priority, self._order[r.name]))
+
+    def names(self) -> list[str]:
+        return sorted(self._rules)
+
+
+REGISTRY = Registry()
+_RESERVED = set(PRESETS) | set(LEVELS) | {"options"}
+
+
+@dataclasses.dataclass(frozen=True)
+class PassConfig:
+    """Resolved selection: level -> rule names in priority order, and per-rule options."""
+
+    rules: dict[str, tuple[str, ...]]
+    options: dict[tuple[str, str], dict[str, Any]]  # (level, rule) -> options
+    driver: DriverOptions = DriverOptions()
+    spec: str = ""
+
+    def rules_for(self, level: str) -> list[Rule]:
+        return [REGISTRY.get(n) for n in self.rules.get(level, ()) if n in REGISTRY]
+
+    def options_for(self, level: str, rule: Rule) -> dict[str, Any]:
+        merged = dict(rule.options)
+        merged.update(self.options.get((level, rule.name), {}))
+        return merged
+
+    def enabled(self, level: str) -> bool:
+        return bool(self.rules.get(level))
+
+    def fingerprint(self, levels: Iterable[str] = LEVELS) -> str:
+        """Changes when the selected rules, their code, options or driver options change."""
+        h = hashlib.sha256()
+        for level in levels:
+            for rule in self.rules_for(level):
+                h.update(f"{level}:{rule.name}:{rule.fingerprint()}".encode())
+                h.update(json.dumps(self.options_for(level, rule), sort_keys=True, default=repr).encode())
+        h.update(repr(self.driver).encode())
+        return h.hexdigest()[:24]
+
+
+def resolve(passes: Any = "all") -> PassConfig:
+    """Turn a user's ``passes`` value into a ``PassConfig`` (see module docstring)."""
+    _load_builtin_rules()
+    if isinstance(passes, PassConfig):
+        return passes
+    if passes is None:
+        passes = "all"
+    selected: dict[str, list[str]] = {lv: [] for lv in LEVELS}
+    options: dict[tuple[str, str], dict[str, Any]] = {}
+    driver = DriverOptions()
+    if isinstance(passes, str):
+        _select_names([passes], LEVELS, selected)
+        spec = passes
+    elif isinstance(passes, (list, tuple, set, frozenset)):
+        items = list(passes)
+        for item in items:
+            if not isinstance(item, str):
+                raise TypeError(f"passes list entries must be str, got {type(item).__name__}: {item!r}")
+        _select_names(items, LEVELS, selected)
+        spec = ",".join(items)
+    elif isinstance(passes, dict):
+        for key, value in passes.items():
+            if key == "options":
+                if not isinstance(value, dict):
+                    raise TypeError(f"passes['options'] must be a dict, got {type(value).__name__}")
+                try:
+                    driver = DriverOptions(**value)
+                except TypeError as e:
+                    valid = [f.name for f in dataclasses.fields(DriverOptions)]
+                    raise TypeError(f"{e}; valid driver options: {valid}") from None
+                continue
+            if key not in LEVELS:
+                raise ValueError(_unknown("level", key, list(LEVELS) + ["options"]))
+            if isinstance(value, str):
+                _select_names([value], (key,), selected)
+            elif isinstance(value, (list, tuple, set)):
+                _select_names(list(value), (key,), selected)
+            elif isinstance(value, dict):
+                for rule_name, rule_opts in value.items():
+                    if rule_opts is False:
+                        continue
+                    _select_names([rule_name], (key,), selected)
+                    if isinstance(rule_opts, dict):
+                        if rule_name not in REGISTRY:
+                            raise ValueError(f"options can only be given per rule; {rule_name!r} is not a rule")
+                        _check_options(REGISTRY.get(rule_name), rule_opts)
+                        options[(key, rule_name)] = dict(rule_opts)
+                    elif rule_opts is not True:
+                        raise TypeError(f"passes[{key!r}][{rule_name!r}] must be True, False or a dict of options, got {rule_opts!r}")
+            elif value is None:
+                continue
+            else:
+                raise TypeError(f"passes[{key!r}] must be a str, list or dict, got {type(value).__name__}")
+        spec = json.dumps(passes, sort_keys=True, default=repr)
+    else:
+        raise TypeError(
+            f"passes must be a preset name, a list of rule/group names, a dict per level or a PassConfig; "
+            f"got {type(passes).__name__}"
+        )
+    ordered: dict[str, tuple[str, ...]] = {}
+    for level in LEVELS:
+        chosen = set(selected[level])
+        ordered[level] = tuple(r.name for r in REGISTRY.rules(level) if r.name in chosen)
+    return PassConfig(ordered, options, driver, spec)
+
+
+def _select_names(names: list[str], levels: Iterable[str], selected: dict[str, list[str]]) -> None:
+    levels = tuple(levels)
+    for name in names:
+        if name in PRESETS:
+            for level in levels:
+                selected[level] += [r.name for r in REGISTRY.rules(level, PRESETS[name])]
+        elif name in LEVELS:
+            if name in levels:
+                selected[name] += [r.name for r in REGISTRY.rules(name)]
+            else:
+                raise ValueError(f"level {name!r} given inside passes[{levels[0]!r}]")
+        elif name in REGISTRY:
+            rule = REGISTRY.get(name)
+            usable = [lv for lv in levels if lv in rule.levels]
+            if not usable:
+                raise ValueError(f"rule {name!r} does not run at {', '.join(levels)} (it runs at {', '.join(rule.levels)})")
+            for level in usable:
+                selected[level].append(name)
+        else:
+            raise ValueError(_unknown("pass", name, list(PRESETS) + list(LEVELS) + REGISTRY.names()))
+
+
+def _check_options(rule: Rule, given: dict[str, Any]) -> None:
+    unknown = [k for k in given if k not in rule.options]
+    if unknown:
+        valid = sorted(rule.options) or "none"
+        raise ValueError(f"rule {rule.name!r} has no option(s) {unknown}; valid options: {valid}")
+    for k, v in given.items():
+        default = rule.options[k]
+        if default is not None and not isinstance(v, type(default)) and not (isinstance(default, float) and isinstance(v, int)):
+            raise TypeError(f"rule {rule.name!r} option {k!r} must be {type(default).__name__}, got {type(v).__name__}")
+
+
+def _unknown(what: str, name: Any, valid: list[str]) -> str:
+    close = difflib.get_close_matches(str(name), valid, n=3, cutoff=0.5)
+    hint = f" Did you mean: {', '.join(close)}?" if close else ""
+    return f"unknown {what} name {name!r}.{hint} Valid names: {', '.join(valid)}"
+
+
+_BUILTINS_LOADED = False
+
+
+def _load_builtin_rules() -> None:
+    global _BUILTINS_LOADED
+    if not _BUILTINS_LOADED:
+        _BUILTINS_LOADED = True
+        from .. import rules  # noqa: F401  (registers the built-in rules)

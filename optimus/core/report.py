@@ -1,0 +1,138 @@
+"""What Optimus did to each graph: nodes before/after, per-rule matches, declines with
+reasons, errors (rolled back), node accounting and time.
+
+Accounting is exact: for every graph, ``nodes_before - nodes_after`` equals the sum over
+rules of ``removed - added`` (dead code the driver removes after a rewrite is charged to
+the rule whose rewrite made it dead).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from typing import Any
+
+
+@dataclasses.dataclass
+class RuleStats:
+    matched: int = 0
+    declined: Counter = dataclasses.field(default_factory=Counter)
+    errors: list[str] = dataclasses.field(default_factory=list)
+    removed: int = 0
+    added: int = 0
+    time_s: float = 0.0
+    _seen_declines: set = dataclasses.field(default_factory=set, repr=False)
+
+    def decline(self, node_name: str, reason: str) -> None:
+        key = (node_name, reason)
+        if key not in self._seen_declines:  # a re-queued node declining again is one decline
+            self._seen_declines.add(key)
+            self.declined[reason] += 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "matched": self.matched,
+            "declined": dict(self.declined),
+            "errors": list(self.errors),
+            "removed": self.removed,
+            "added": self.added,
+            "time_s": round(self.time_s, 6),
+        }
+
+
+@dataclasses.dataclass
+class GraphReport:
+    level: str
+    graph: str
+    nodes_before: int = 0
+    nodes_after: int = 0
+    time_s: float = 0.0
+    rules: dict[str, RuleStats] = dataclasses.field(default_factory=dict)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def stats(self, rule_name: str) -> RuleStats:
+        if rule_name not in self.rules:
+            self.rules[rule_name] = RuleStats()
+        return self.rules[rule_name]
+
+    @property
+    def matched(self) -> int:
+        return sum(s.matched for s in self.rules.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "level": self.level,
+            "graph": self.graph,
+            "nodes_before": self.nodes_before,
+            "nodes_after": self.nodes_after,
+            "time_s": round(self.time_s, 6),
+            "rules": {k: v.to_dict() for k, v in self.rules.items()},
+            "notes": list(self.notes),
+        }
+
+
+class Report:
+    """All graphs one ``optimus.compile``/``optimize`` call rewrote."""
+
+    def __init__(self, passes: str = "") -> None:
+        self.passes = passes
+        self.graphs: list[GraphReport] = []
+        self.notes: list[str] = []
+
+    def new_graph(self, level: str, graph: str) -> GraphReport:
+        g = GraphReport(level, graph)
+        self.graphs.append(g)
+        return g
+
+    def rule_totals(self) -> dict[str, RuleStats]:
+        out: dict[str, RuleStats] = {}
+        for g in self.graphs:
+            for name, s in g.rules.items():
+                t = out.setdefault(name, RuleStats())
+                t.matched += s.matched
+                t.declined.update(s.declined)
+                t.errors.extend(s.errors)
+                t.removed += s.removed
+                t.added += s.added
+                t.time_s += s.time_s
+        return out
+
+    def errors(self) -> list[str]:
+        return [e for g in self.graphs for s in g.rules.values() for e in s.errors]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"passes": self.passes, "graphs": [g.to_dict() for g in self.graphs], "notes": list(self.notes)}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=str)
+
+    def table(self, max_reasons: int = 3) -> str:
+        lines = [f"Optimus report (passes: {self.passes})"]
+        if not self.graphs:
+            lines.append("  no graph was rewritten" + (f" ({'; '.join(self.notes)})" if self.notes else ""))
+            return "\n".join(lines)
+        head = f"{'level':<12}{'graph':<22}{'nodes before':>13}{'after':>8}{'rewrites':>10}{'ms':>9}"
+        lines += ["", head, "-" * len(head)]
+        for g in self.graphs:
+            lines.append(f"{g.level:<12}{g.graph:<22}{g.nodes_before:>13}{g.nodes_after:>8}{g.matched:>10}{g.time_s * 1e3:>9.1f}")
+            for note in g.notes:
+                lines.append(f"{'':<12}note: {note}")
+        rhead = f"{'rule':<36}{'level':<12}{'graph':<22}{'matched':>8}{'declined':>9}{'errors':>7}{'-nodes':>7}{'+nodes':>7}{'ms':>8}"
+        lines += ["", rhead, "-" * len(rhead)]
+        for g in self.graphs:
+            for name, s in sorted(g.rules.items()):
+                lines.append(
+                    f"{name:<36}{g.level:<12}{g.graph:<22}{s.matched:>8}{sum(s.declined.values()):>9}"
+                    f"{len(s.errors):>7}{s.removed:>7}{s.added:>7}{s.time_s * 1e3:>8.1f}"
+                )
+                for reason, count in s.declined.most_common(max_reasons):
+                    lines.append(f"{'':<4}declined x{count}: {reason}")
+                for err in s.errors[:max_reasons]:
+                    lines.append(f"{'':<4}error (rolled back): {err}")
+        for note in self.notes:
+            lines.append(f"note: {note}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()

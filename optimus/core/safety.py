@@ -1,0 +1,115 @@
+"""Aliasing and mutation facts the driver checks before any rewrite.
+
+Torch-IR graphs are not functional: ``a, b = x.split(2); a.add_(1)`` changes ``x``.
+A rewrite that touches any tensor in the alias class of a mutated tensor is declined
+(rules never need to think about it). Alias classes are built from storage identity of
+the example values when they exist, and from the vocabulary's view ops otherwise.
+
+Graph outputs are protected too: a rewrite may not make an output alias a graph input,
+a parameter or another output when it did not before (callers may mutate outputs).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from .view import GraphView
+from .vocab import VIEW_OPS
+
+
+class AliasAnalysis:
+    """Union-find of nodes whose values may share storage, and which classes are written."""
+
+    def __init__(self, view: GraphView) -> None:
+        self.view = view
+        self.parent: dict[fx.Node, fx.Node] = {}
+        self.mutated_roots: set[fx.Node] = set()
+        self.external_roots: set[fx.Node] = set()  # classes holding inputs / parameters
+        self.output_users: set[fx.Node] = set()
+        by_storage: dict[Any, fx.Node] = {}
+        mutated: list[fx.Node] = []
+        for node in view.graph.nodes:
+            self.add(node)
+            key = _storage_key(view.val(node))
+            if key is not None:
+                if key in by_storage:
+                    self.union(node, by_storage[key])
+                else:
+                    by_storage[key] = node
+            mutated.extend(view.mutated_inputs(node))
+            if node.op == "output":
+                fx.node.map_arg(node.args, self.output_users.add)
+        for node in mutated:
+            self.mutated_roots.add(self.find(node))
+
+    # union-find ------------------------------------------------------------------
+    def find(self, node: fx.Node) -> fx.Node:
+        if node not in self.parent:
+            self.add(node)
+        root = node
+        while self.parent[root] is not root:
+            root = self.parent[root]
+        while self.parent[node] is not root:
+            self.parent[node], node = root, self.parent[node]
+        return root
+
+    def union(self, a: fx.Node, b: fx.Node) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra is rb:
+            return
+        self.parent[ra] = rb
+        if ra in self.mutated_roots:
+            self.mutated_roots.add(rb)
+        if ra in self.external_roots:
+            self.external_roots.add(rb)
+
+    def add(self, node: fx.Node) -> None:
+        """Register a node (also nodes created by rewrites) with its aliasing edges."""
+        if node in self.parent:
+            return
+        self.parent[node] = node
+        if node.op in ("placeholder", "get_attr"):
+            self.external_roots.add(node)
+            return
+        call = self.view.classify(node)
+        if call is not None and call.op in VIEW_OPS:
+            src = call.args.get("input")
+            if isinstance(src, fx.Node):
+                self.union(node, src)
+
+    # queries ---------------------------------------------------------------------
+    def is_mutated(self, node: fx.Node) -> bool:
+        return self.find(node) in self.mutated_roots
+
+    def same_class(self, a: fx.Node, b: fx.Node) -> bool:
+        return self.find(a) is self.find(b)
+
+    def output_alias_problem(self, old: fx.Node, new: fx.Node) -> str | None:
+        """Why replacing graph output ``old`` by ``new`` would create new aliasing, if it would."""
+        if old not in self.output_users or self.same_class(old, new):
+            return None
+        root = self.find(new)
+        if root in self.external_roots:
+            return "a graph output would alias a graph input or parameter"
+        others = [o for o in self.output_users if o is not old and self.find(o) is root]
+        if others:
+            return "two graph outputs would alias each other"
+        return None
+
+
+def _storage_key(value: Any) -> Any:
+    if not isinstance(value, torch.Tensor):
+        return None
+    try:
+        storage = value.untyped_storage()
+    except Exception:
+        return None
+    try:
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        return StorageWeakRef(storage)
+    except Exception:  # pragma: no cover
+        return id(storage)

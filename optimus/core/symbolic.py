@@ -1,0 +1,52 @@
+"""Facts about sizes that may be symbolic (dynamic shapes).
+
+Rules compare sizes with these helpers, which answer ``True`` only when equality is
+provable without adding a guard: with ``SymInt`` sizes a rule that cannot prove what it
+needs declines instead of specializing the graph.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+
+def known_true(value: Any) -> bool:
+    """``value`` is a bool, or a ``SymBool`` provably true for every shape."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, torch.SymBool):
+        from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+        return bool(statically_known_true(value))
+    try:
+        return bool(value)
+    except Exception:
+        return False
+
+
+def known_eq(a: Any, b: Any) -> bool:
+    """``a == b`` provably (ints, floats, strings, ``SymInt``s, ``None``)."""
+    if a is b:
+        return True
+    if a is None or b is None:
+        return False
+    try:
+        return known_true(a == b)
+    except Exception:
+        return False
+
+
+def known_sizes_eq(a: Sequence[Any] | None, b: Sequence[Any] | None) -> bool:
+    """Two shapes provably equal."""
+    if a is None or b is None or len(a) != len(b):
+        return False
+    return all(known_eq(x, y) for x, y in zip(a, b))
+
+
+def known_sum(values: Sequence[Any]) -> Any:
+    total: Any = 0
+    for v in values:
+        total = total + v
+    return total

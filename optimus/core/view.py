@@ -1,0 +1,348 @@
+"""Graph views: how one IR level is read as, and written from, the canonical vocabulary.
+
+A ``GraphView`` wraps one ``fx.GraphModule`` of a given level and answers three questions
+for the rules and the driver:
+
+* ``classify(node)``: the node as a canonical ``Call`` (or ``None`` if it is not an op of
+  the vocabulary, or is spelled in a way the view cannot bind safely);
+* ``emit(op, args)``: a new node for a canonical op in this level's own form, with its
+  shape metadata filled in;
+* shape facts: ``shape(node)``, ``dtype(node)``, ``val(node)``.
+
+Subclasses supply per-level tables (``optimus.torch_ir.view``, ``optimus.aten_ir.view``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+import torch.fx as fx
+
+from .vocab import SCHEMAS, Call
+
+REQUIRED = object()  # marker: parameter without a default
+
+
+class BindError(Exception):
+    """Arguments that do not fit the expected signature (the node stays unclassified)."""
+
+
+def bind(
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    params: Sequence[tuple[str, Any]],
+    aliases: dict[str, str] | None = None,
+    varargs: str | None = None,
+) -> dict[str, Any]:
+    """Bind positional and keyword arguments to canonical parameter names.
+
+    ``params`` lists ``(name, default)`` in positional order (``REQUIRED`` for no default).
+    ``aliases`` maps keyword spellings to canonical names (``split_size_or_sections`` ->
+    ``sizes``). ``varargs`` names a parameter that may be given as ``*ints`` or as one
+    sequence (``x.view(2, 3)`` and ``x.view((2, 3))``), and must then be the last
+    positional parameter before keyword-only ones.
+    """
+    aliases = aliases or {}
+    out: dict[str, Any] = {}
+    names = [p for p, _ in params]
+    positional = list(args)
+    if varargs is not None:
+        vi = names.index(varargs)
+        if len(positional) > vi:
+            rest = positional[vi:]
+            if len(rest) == 1 and isinstance(rest[0], (list, tuple, torch.Size)):
+                value = list(rest[0])
+            else:
+                value = list(rest)
+            positional = positional[:vi] + [value]
+    if len(positional) > len(names):
+        raise BindError(f"too many positional arguments ({len(positional)} > {len(names)})")
+    for name, value in zip(names, positional):
+        out[name] = value
+    for key, value in kwargs.items():
+        name = aliases.get(key, key)
+        if name not in names:
+            raise BindError(f"unexpected keyword argument {key!r}")
+        if name in out:
+            raise BindError(f"argument {name!r} given twice")
+        if name == varargs and isinstance(value, (tuple, torch.Size)):
+            value = list(value)
+        out[name] = value
+    for name, default in params:
+        if name not in out:
+            if default is REQUIRED:
+                raise BindError(f"missing argument {name!r}")
+            out[name] = default
+    return out
+
+
+def normalize_dim(dim: Any, rank: int | None) -> Any:
+    """``dim`` as a non-negative int when the rank is known and the dim in range, else as is."""
+    if isinstance(dim, int) and not isinstance(dim, bool) and rank is not None:
+        if -rank <= dim < rank:
+            return dim % rank
+    return dim
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class GraphView:
+    """Reads and writes one graph through the canonical vocabulary.
+
+    Subclasses set ``level`` and ``meta_key`` and implement ``_classify`` and
+    ``_emit_target``.
+    """
+
+    level: str = "?"
+    meta_key: str = "val"
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        self.gm = gm
+        self.graph = gm.graph
+        self._fake_mode: Any = None
+        self._fake_mode_known = False
+
+    # ------------------------------------------------------------------ metadata
+    def val(self, node: Any) -> Any:
+        """The node's example value (FakeTensor, tensor, tuple, SymInt) or ``None``."""
+        if isinstance(node, fx.Node):
+            return node.meta.get(self.meta_key)
+        return None
+
+    def tensor_val(self, node: Any) -> torch.Tensor | None:
+        v = self.val(node)
+        return v if isinstance(v, torch.Tensor) else None
+
+    def shape(self, node: Any) -> tuple[Any, ...] | None:
+        v = self.tensor_val(node)
+        return tuple(v.shape) if v is not None else None
+
+    def rank(self, node: Any) -> int | None:
+        v = self.tensor_val(node)
+        return v.dim() if v is not None else None
+
+    def dtype(self, node: Any) -> torch.dtype | None:
+        v = self.tensor_val(node)
+        return v.dtype if v is not None else None
+
+    def device(self, node: Any) -> torch.device | None:
+        v = self.tensor_val(node)
+        return v.device if v is not None else None
+
+    def is_tensor(self, value: Any) -> bool:
+        return isinstance(value, fx.Node) and self.tensor_val(value) is not None
+
+    # ------------------------------------------------------------ classification
+    def classify(self, node: fx.Node) -> Call | None:
+        """The node as a canonical ``Call``, or ``None``."""
+        if node.op not in ("call_function", "call_method", "call_module"):
+            return None
+        try:
+            found = self._classify(node)
+        except BindError:
+            return None
+        if found is None:
+            return None
+        op, args = found
+        return Call(op, node, self._normalize(op, node, args))
+
+    def _classify(self, node: fx.Node) -> tuple[str, dict[str, Any]] | None:
+        raise NotImplementedError
+
+    def _normalize(self, op: str, node: fx.Node, args: dict[str, Any]) -> dict[str, Any]:
+        """Canonical argument values: non-negative dims, split sizes as lists, ..."""
+        inp = args.get("input")
+        rank = self.rank(inp)
+        shape = self.shape(inp)
+        if op in ("split", "unbind", "select", "slice", "unsqueeze", "flatten", "unflatten"):
+            if op == "unsqueeze":
+                args["dim"] = normalize_dim(args["dim"], None if rank is None else rank + 1)
+            elif op == "flatten":
+                args["start_dim"] = normalize_dim(args["start_dim"], rank)
+                args["end_dim"] = normalize_dim(args["end_dim"], rank)
+            else:
+                args["dim"] = normalize_dim(args["dim"], rank)
+        if op in ("cat", "stack"):
+            tensors = args["tensors"]
+            if isinstance(tensors, (list, tuple)):
+                args["tensors"] = list(tensors)
+                first = next((t for t in tensors if self.rank(t) is not None), None)
+                r = self.rank(first) if first is not None else None
+                if op == "stack" and r is not None:
+                    r += 1
+                args["dim"] = normalize_dim(args["dim"], r)
+        if op == "split":
+            args["sizes"] = self._split_sizes(args["sizes"], shape, args["dim"])
+        if op == "slice" and shape is not None and is_int(args["dim"]) and args["dim"] < len(shape):
+            size = shape[args["dim"]]
+            args["start"], args["end"] = _clamp_slice(args.get("start"), args.get("end"), size)
+        if op == "select" and shape is not None and is_int(args["dim"]) and args["dim"] < len(shape):
+            size = shape[args["dim"]]
+            if is_int(args["index"]) and is_int(size) and -size <= args["index"] < 0:
+                args["index"] += size
+        if op == "squeeze":
+            dims = args.get("dims")
+            if is_int(dims):
+                dims = (dims,)
+            if dims is not None:
+                dims = tuple(normalize_dim(d, rank) for d in dims)
+            args["dims"] = dims
+        if op == "permute":
+            args["dims"] = [normalize_dim(d, rank) for d in args["dims"]]
+        if op == "transpose":
+            args["dim0"] = normalize_dim(args["dim0"], rank)
+            args["dim1"] = normalize_dim(args["dim1"], rank)
+        if op in ("view", "reshape", "expand"):
+            args["shape"] = list(args["shape"])
+        return args
+
+    @staticmethod
+    def _split_sizes(sizes: Any, shape: tuple[Any, ...] | None, dim: Any) -> Any:
+        if isinstance(sizes, (list, tuple)):
+            return list(sizes)
+        if is_int(sizes) and sizes > 0 and shape is not None and is_int(dim) and dim < len(shape):
+            total = shape[dim]
+            if is_int(total):
+                full, rem = divmod(total, sizes)
+                return [sizes] * full + ([rem] if rem else [])
+        return sizes
+
+    # ----------------------------------------------------------------- emission
+    def emit(self, op: str, args: dict[str, Any]) -> fx.Node:
+        """Create a node for canonical ``op`` at the graph's insertion point, with metadata."""
+        if op not in SCHEMAS and op != "getitem":
+            raise KeyError(f"unknown canonical op {op!r}")
+        kind, target, pargs, kwargs = self._emit_target(op, args)
+        node = self.graph.create_node(kind, target, tuple(pargs), kwargs)
+        self.infer_meta(node)
+        return node
+
+    def _emit_target(self, op: str, args: dict[str, Any]) -> tuple[str, Any, list[Any], dict[str, Any]]:
+        """(fx op kind, target, positional args, kwargs) spelling ``op`` at this level."""
+        raise NotImplementedError
+
+    def is_canonical_form(self, node: fx.Node, call: Call) -> bool:
+        """Is ``node`` spelled exactly as ``emit`` would spell ``call``?"""
+        kind, target, pargs, kwargs = self._emit_target(call.op, call.args)
+        return node.op == kind and node.target == target and tuple(node.args) == tuple(pargs) and dict(node.kwargs) == kwargs
+
+    # ---------------------------------------------------------------- fake meta
+    def fake_mode(self) -> Any:
+        if not self._fake_mode_known:
+            from torch._subclasses.fake_tensor import FakeTensor
+
+            for n in self.graph.nodes:
+                v = n.meta.get(self.meta_key)
+                if isinstance(v, FakeTensor):
+                    self._fake_mode = v.fake_mode
+                    break
+            self._fake_mode_known = True
+        return self._fake_mode
+
+    def value_of_tensor(self, t: torch.Tensor) -> Any:
+        """The metadata value for a real tensor (a fake copy when the graph is fake)."""
+        mode = self.fake_mode()
+        return mode.from_tensor(t) if mode is not None else t
+
+    def _run_context(self) -> contextlib.AbstractContextManager[Any]:
+        mode = self.fake_mode()
+        stack = contextlib.ExitStack()
+        if mode is not None:
+            stack.enter_context(mode)
+            if getattr(mode, "shape_env", None) is not None:
+                stack.enter_context(mode.shape_env.suppress_guards())
+        stack.enter_context(torch.no_grad())
+        return stack
+
+    def infer_meta(self, node: fx.Node) -> None:
+        """Compute ``node.meta[meta_key]`` by running its target on its inputs' values.
+
+        Raises if an input's value is unknown or the op rejects the values (the driver
+        rolls the rewrite back).
+        """
+
+        def value_of(a: Any) -> Any:
+            if isinstance(a, fx.Node):
+                if self.meta_key not in a.meta:
+                    raise ValueError(f"no {self.meta_key!r} metadata on {a.name}")
+                return a.meta[self.meta_key]
+            return a
+
+        args = fx.node.map_aggregate(node.args, value_of)
+        kwargs = fx.node.map_aggregate(node.kwargs, value_of)
+        with self._run_context():
+            if node.op == "call_method":
+                self_arg, *rest = args
+                result = getattr(self_arg, node.target)(*rest, **kwargs)
+            elif node.op == "call_function":
+                result = node.target(*args, **kwargs)
+            else:
+                raise ValueError(f"cannot infer metadata for {node.op} nodes")
+        node.meta[self.meta_key] = result
+        stack_traces = [a.meta.get("stack_trace") for a in node.all_input_nodes]
+        if "stack_trace" not in node.meta:
+            trace = next((t for t in stack_traces if t), None)
+            if trace:
+                node.meta["stack_trace"] = trace
+
+    # -------------------------------------------------------------- side effects
+    def mutated_inputs(self, node: fx.Node) -> list[fx.Node]:
+        """Nodes this node writes to in place (empty for pure nodes)."""
+        raise NotImplementedError
+
+    def has_side_effects(self, node: fx.Node) -> bool:
+        """True when erasing the node (once unused) could change behaviour."""
+        if node.op in ("placeholder", "output", "get_attr"):
+            return node.op != "get_attr"
+        if self.mutated_inputs(node):
+            return True
+        try:
+            return bool(node.is_impure())
+        except Exception:  # pragma: no cover - defensive across torch versions
+            return True
+
+
+def _clamp_slice(start: Any, end: Any, size: Any) -> tuple[Any, Any]:
+    """Python slice bounds clamped to ``[0, size]`` (as tensor slicing does)."""
+    if start is None:
+        start = 0
+    if end is None or (is_int(end) and end >= 2**62):
+        end = size
+    if is_int(size):
+        if is_int(start):
+            start = min(max(start + size if start < 0 else start, 0), size)
+        if is_int(end):
+            end = min(max(end + size if end < 0 else end, 0), size)
+    return start, end
+
+
+def users_in_order(node: fx.Node) -> list[fx.Node]:
+    return sorted(node.users, key=lambda u: u._sort_key)
+
+
+def getitem_users(node: fx.Node) -> dict[int, list[fx.Node]] | None:
+    """For a multi-output node: index -> getitem users. ``None`` if any other kind of use."""
+    out: dict[int, list[fx.Node]] = {}
+    for user in node.users:
+        if user.op != "call_function" or user.target is not operator.getitem or user.args[0] is not node:
+            return None
+        idx = user.args[1]
+        if not is_int(idx):
+            return None
+        out.setdefault(idx, []).append(user)
+    return out
+
+
+def map_nodes(value: Any, fn: Callable[[fx.Node], Any]) -> Any:
+    return fx.node.map_arg(value, fn)
+
+
+def input_nodes(value: Any) -> Iterable[fx.Node]:
+    found: list[fx.Node] = []
+    fx.node.map_arg(value, lambda n: found.append(n))
+    return found

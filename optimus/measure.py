@@ -1,0 +1,254 @@
+"""Measuring kernels, time and memory the same way for every configuration.
+
+"Kernels" means launches per step:
+
+* on CUDA, the CUDA kernel events ``torch.profiler`` records for one call (cuBLAS
+  included);
+* on CPU, for Inductor-compiled code, the loop nests in the generated C++ plus extern
+  kernel calls (Inductor's CPU backend emits one C++ function per fused region with one
+  loop nest per kernel); for eager CPU code, the aten operators that compute (views and
+  other aliasing ops launch nothing and are not counted).
+
+``torch._inductor.metrics.generated_kernel_count`` over-counts (it counts kernel objects,
+not launches), so it is not used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import resource
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import torch
+
+__all__ = [
+    "compiled_kernel_count",
+    "count_kernels",
+    "cpu_loop_nests",
+    "generated_kernel_count",
+    "median_step_ms",
+    "peak_memory",
+    "synchronize",
+]
+
+_FOR_RE = re.compile(r"\bfor\s*\(")
+_EXTERN_RE = re.compile(r"\bextern_kernels\.\w+\(")
+_TRITON_RE = re.compile(r"async_compile\.triton\(")
+
+
+def synchronize(device: str | torch.device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def cpu_loop_nests(source: str) -> int:
+    """Count outermost ``for`` loops in Inductor-generated C++ code.
+
+    Braces are tracked so that loops nested inside another loop's body are not counted
+    again; a loop nest is one kernel's worth of work on the CPU backend.
+    """
+    count = 0
+    stack: list[bool] = []  # one entry per open brace: does it open a loop body?
+    pending_for = False  # saw ``for(`` whose body brace has not opened yet
+    depth_in_for = 0  # how many open braces are loop bodies
+    paren = 0
+    i, n = 0, len(source)
+    while i < n:
+        c = source[i]
+        if c == "f" and _FOR_RE.match(source, i) and (i == 0 or not (source[i - 1].isalnum() or source[i - 1] == "_")):
+            if depth_in_for == 0 and not pending_for:
+                count += 1
+            pending_for = True
+            i += 3
+            continue
+        if c == "(":
+            paren += 1
+        elif c == ")":
+            paren -= 1
+        elif c == "{":
+            opens_loop = pending_for and paren == 0
+            stack.append(opens_loop)
+            if opens_loop:
+                depth_in_for += 1
+                pending_for = False
+        elif c == "}":
+            if stack and stack.pop():
+                depth_in_for -= 1
+        elif c == ";" and pending_for and paren == 0:
+            pending_for = False  # loop with a single-statement body
+        i += 1
+    return count
+
+
+def generated_kernel_count(sources: list[str]) -> int:
+    """Kernels in the code Inductor generated for one or more graphs.
+
+    Triton: one ``async_compile.triton(`` per kernel. C++: loop nests in every
+    ``cpp_pybinding``/``cpp`` kernel. Both: plus ``extern_kernels.*`` calls (matmuls).
+    """
+    total = 0
+    for src in sources:
+        triton = len(_TRITON_RE.findall(src))
+        if triton:
+            total += triton
+        else:
+            for body in re.findall(r"async_compile\.cpp(?:_pybinding)?\([^\n]*r'''(.*?)'''", src, re.S):
+                total += cpu_loop_nests(body)
+        total += len(_EXTERN_RE.findall(src))
+    return total
+
+
+def compiled_kernel_count(step_fn: Callable[[], Any], device: str | torch.device = "cpu") -> tuple[Any, int]:
+    """Run a not-yet-compiled step once, capturing all code Inductor generates for it.
+
+    Returns the step's result and the kernel count of the generated code (forward and,
+    for a training step, backward graphs). On CUDA prefer ``count_kernels`` after
+    warm-up, which counts launches rather than generated kernels.
+    """
+    from torch._inductor.utils import run_and_get_code
+
+    result, sources = run_and_get_code(step_fn)
+    return result, generated_kernel_count(list(sources))
+
+
+class _AtenCounter(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts aten operators that compute something (aliasing ops excluded)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not _is_aliasing(func):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _is_aliasing(op: Any) -> bool:
+    schema = getattr(op, "_schema", None)
+    if schema is None:
+        return False
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+
+
+def count_kernels(step_fn: Callable[[], Any], device: str | torch.device = "cpu") -> int:
+    """Kernels launched by one call of an already warmed-up step function.
+
+    CUDA: kernel events of ``torch.profiler`` (includes cuBLAS and Triton kernels).
+    CPU: computing aten operators dispatched (eager) -- for compiled CPU code use
+    ``compiled_kernel_count``, since compiled C++ kernels are invisible to dispatch.
+    """
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        from torch.profiler import ProfilerActivity, profile
+
+        synchronize(dev)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step_fn()
+            synchronize(dev)
+        events = [e for e in prof.events() if _is_cuda_kernel(e)]
+        return len(events)
+    counter = _AtenCounter()
+    with counter:
+        step_fn()
+    return counter.count
+
+
+def _is_cuda_kernel(event: Any) -> bool:
+    dev_type = getattr(event, "device_type", None)
+    if dev_type is None or "CUDA" not in str(dev_type):
+        return False
+    name = event.name or ""
+    # Memcpy/Memset rows are not kernels.
+    return not name.startswith(("Memcpy", "Memset", "[memory]"))
+
+
+def median_step_ms(step_fn: Callable[[], Any], device: str | torch.device = "cpu", warmup: int = 5, iters: int = 30) -> float:
+    """Median wall time of one step in milliseconds (CUDA events on GPU)."""
+    dev = torch.device(device)
+    for _ in range(warmup):
+        step_fn()
+    synchronize(dev)
+    times: list[float] = []
+    if dev.type == "cuda":
+        for _ in range(iters):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            step_fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+    else:
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            step_fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def peak_memory(step_fn: Callable[[], Any], device: str | torch.device = "cpu") -> int:
+    """Peak memory of one step in bytes.
+
+    CUDA: ``torch.cuda.max_memory_allocated`` around the step. CPU: the process's peak
+    resident set size (a high-water mark for the whole process, so compare runs made in
+    fresh processes or read it as an upper bound).
+    """
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        step_fn()
+        synchronize(dev)
+        return int(torch.cuda.max_memory_allocated(dev))
+    step_fn()
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+@contextlib.contextmanager
+def fresh_inductor_cache():
+    """A fresh, empty Inductor cache directory, with the FX graph and AOT autograd caches off.
+
+    Used so that compile times are cold and no configuration reuses another's artifacts.
+    """
+    import os
+    import tempfile
+
+    from torch._inductor import config as inductor_config
+
+    with tempfile.TemporaryDirectory(prefix="optimus-inductor-") as tmp:
+        old = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tmp
+        patches: dict[str, Any] = {"fx_graph_cache": False}
+        if hasattr(inductor_config, "autotune_local_cache"):
+            patches["autotune_local_cache"] = False
+        functorch_cfg = torch._functorch.config
+        fc_patch = {"enable_autograd_cache": False} if hasattr(functorch_cfg, "enable_autograd_cache") else {}
+        try:
+            _clear_cache_dir_memo()
+            with inductor_config.patch(patches), functorch_cfg.patch(fc_patch):
+                yield tmp
+        finally:
+            if old is None:
+                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+            else:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = old
+            _clear_cache_dir_memo()
+
+
+def _clear_cache_dir_memo() -> None:
+    """Inductor memoizes its cache dir in a few places; forget them so the env var rules."""
+    try:
+        from torch._inductor.runtime import cache_dir_utils
+
+        for name in ("cache_dir", "default_cache_dir"):
+            fn = getattr(cache_dir_utils, name, None)
+            if hasattr(fn, "cache_clear"):
+                fn.cache_clear()
+    except ImportError:  # pragma: no cover - layout differs across versions
+        pass

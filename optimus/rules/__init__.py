@@ -1,0 +1,7 @@
+"""Built-in rules, each written once for Torch-IR and Aten-IR.
+
+Importing this package registers them. One module per family; each rule is a function
+named after the rewrite it performs, with a docstring showing before -> after.
+"""
+
+from . import canonical, split_cat  # noqa: F401
