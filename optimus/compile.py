@@ -225,9 +225,6 @@ def optimize(
     if example_inputs is not None:
         _propagate_fake_meta(gm, list(example_inputs))
     view = make_view(level, gm)
-    if level == "torch_ir":
-        has = lambda key: any(key in n.meta for n in gm.graph.nodes if n.op != "output")  # noqa: E731
-        view.meta_key = "example_value" if has("example_value") else "val"
     report = Report(config.spec)
     _remember(report)
     optimize_graph(gm, level, config, report, "graph 0", view=view, example_inputs=list(example_inputs) if example_inputs else None)

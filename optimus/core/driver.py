@@ -23,10 +23,12 @@ disable the rule responsible (see ``numeric.py``).
 from __future__ import annotations
 
 import collections
+import contextlib
+import gc
 import heapq
 import logging
 import time
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 import torch.fx as fx
@@ -328,6 +330,30 @@ def optimize_graph(
     gr = report.new_graph(level, graph_name)
     gr.nodes_before = len(graph.nodes)
     t0 = time.perf_counter()
+    with _gc_paused():
+        _run_with_rollback(gm, view, rules, config, gr, example_inputs)
+    gm.recompile()
+    gr.nodes_after = len(graph.nodes)
+    gr.time_s = time.perf_counter() - t0
+    return gr
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Rewriting allocates many short-lived objects (nodes, fake tensors); Python's cyclic
+    collector would rescan the whole graph repeatedly. Pause it, then restore its state."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _run_with_rollback(gm: fx.GraphModule, view: GraphView, rules: list[tuple[Rule, dict[str, Any]]], config: PassConfig, gr: GraphReport, example_inputs: list[Any] | None) -> None:
+    graph = gm.graph
+    level, graph_name = gr.level, gr.graph
     backup = snapshot(graph)
     disabled: set[str] = set()
     for _attempt in range(4):
@@ -343,22 +369,20 @@ def optimize_graph(
             break
         if not config.driver.numeric_check or driver.rewrites == 0:
             break
+        gm.recompile()
         from .numeric import find_culprit
 
-        culprit, note = find_culprit(gm, backup, view, active, example_inputs, config.driver.max_rewrites)
-        if culprit is None:
+        differs, culprit, note = find_culprit(gm, backup, view, active, example_inputs, config.driver.max_rewrites)
+        if not differs:
             gr.notes.append(note)
+            break
+        if culprit is None:
+            restore(graph, backup)
+            gr.notes.append(f"{note}; the level was rolled back")
             break
         gr.notes.append(f"numeric check: rule {culprit!r} changed results; rolled back and disabled for this graph")
         gr.stats(culprit).errors.append("changed numeric results (numeric check)")
         log.warning("optimus: rule %s changed numeric results on %s; disabled", culprit, graph_name)
         restore(graph, backup)
-        for stats in gr.rules.values():  # recount from scratch on the retry
-            errors = stats.errors
-            stats.__init__()
-            stats.errors = errors
+        gr.rules = {name: RuleStats(errors=list(s.errors)) for name, s in gr.rules.items()}  # recount on retry
         disabled.add(culprit)
-    gm.recompile()
-    gr.nodes_after = len(graph.nodes)
-    gr.time_s = time.perf_counter() - t0
-    return gr

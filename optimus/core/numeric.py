@@ -78,8 +78,8 @@ def find_culprit(
     rules: list[Any],
     example_inputs: list[Any] | None,
     max_rewrites: int | None,
-) -> tuple[str | None, str]:
-    """(culprit rule name or None, a note for the report)."""
+) -> tuple[bool, str | None, str]:
+    """(results differ?, culprit rule name if found, a note for the report)."""
     from .driver import Driver, make_view, snapshot
 
     ref_gm = fx.GraphModule(gm, snapshot(original))
@@ -89,34 +89,34 @@ def find_culprit(
     if inputs is None:
         inputs = random_inputs(ref_gm, view)
     if inputs is None:
-        return None, "numeric check skipped: input shapes unknown"
+        return False, None, "numeric check skipped: input shapes unknown"
     try:
         expected = _run(ref_gm, inputs)
     except Exception as e:
-        return None, f"numeric check skipped: the original graph does not run on random inputs ({type(e).__name__})"
+        return False, None, f"numeric check skipped: the original graph does not run on random inputs ({type(e).__name__})"
     if outputs_match(expected, _run(gm, inputs)):
-        return None, "numeric check passed"
+        return False, None, "numeric check passed"
 
     def differs_after(k: int) -> bool:
         trial = fx.GraphModule(gm, snapshot(original))
         d = Driver(make_view(view.level, trial), rules, GraphReport(view.level, "bisect"), max_rewrites=k)
         d.run()
         trial.recompile()
-        return not outputs_match(expected, _run(trial, inputs)), d.applied
+        return not outputs_match(expected, _run(trial, inputs))
 
     full = Driver(make_view(view.level, fx.GraphModule(gm, snapshot(original))), rules, GraphReport(view.level, "bisect"), max_rewrites)
     full.run()
     lo, hi = 0, len(full.applied)  # results match after lo rewrites, differ after hi
     applied = full.applied
+    if not applied:
+        return True, None, "numeric check failed, and no single rewrite could be blamed"
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        bad, _ = differs_after(mid)
-        if bad:
+        if differs_after(mid):
             hi = mid
         else:
             lo = mid
-    culprit = applied[hi - 1] if applied else None
-    return culprit, f"numeric check failed after rewrite {hi} ({culprit})"
+    return True, applied[hi - 1], f"numeric check failed after rewrite {hi} ({applied[hi - 1]})"
 
 
 def _is_fake(t: torch.Tensor) -> bool:

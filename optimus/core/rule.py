@@ -116,6 +116,22 @@ class Builder:
         self.new_nodes.append(node)
         return node
 
+    def respell(self, call: Call, **changes: Any) -> fx.Node:
+        """Emit ``call`` again in the level's canonical spelling (same op, same values).
+
+        The metadata of the original node is reused instead of re-running the op on fake
+        tensors: a respelling computes exactly what the original computed. Only for
+        canonicalization; any other rewrite must go through ``emit``.
+        """
+        canon = {k: self.value(v) for k, v in {**call.args, **changes}.items()}
+        self._place_after_inputs(canon)
+        kind, target, pargs, kwargs = self.view._emit_target(call.op, canon)
+        with self.graph.inserting_before(self.point):
+            node = self.graph.create_node(kind, target, tuple(pargs), kwargs)
+        node.meta.update({k: v for k, v in call.node.meta.items() if k in (self.view.meta_key, "stack_trace", "nn_module_stack", "source_fn_stack")})
+        self.new_nodes.append(node)
+        return node
+
     def split(self, input: Any, sizes: Sequence[int], dim: int) -> list[fx.Node]:
         node = self.emit("split", input, list(sizes), dim)
         return [self.emit("getitem", node, i) for i in range(len(sizes))]

@@ -28,7 +28,7 @@ class AliasAnalysis:
         self.parent: dict[fx.Node, fx.Node] = {}
         self.mutated_roots: set[fx.Node] = set()
         self.external_roots: set[fx.Node] = set()  # classes holding inputs / parameters
-        self.output_users: set[fx.Node] = set()
+        self.output_node: fx.Node | None = None
         by_storage: dict[Any, fx.Node] = {}
         mutated: list[fx.Node] = []
         for node in view.graph.nodes:
@@ -41,7 +41,7 @@ class AliasAnalysis:
                     by_storage[key] = node
             mutated.extend(view.mutated_inputs(node))
             if node.op == "output":
-                fx.node.map_arg(node.args, self.output_users.add)
+                self.output_node = node
         for node in mutated:
             self.mutated_roots.add(self.find(node))
 
@@ -89,12 +89,14 @@ class AliasAnalysis:
 
     def output_alias_problem(self, old: fx.Node, new: fx.Node) -> str | None:
         """Why replacing graph output ``old`` by ``new`` would create new aliasing, if it would."""
-        if old not in self.output_users or self.same_class(old, new):
+        if self.output_node is None or self.output_node not in old.users or self.same_class(old, new):
             return None
         root = self.find(new)
         if root in self.external_roots:
             return "a graph output would alias a graph input or parameter"
-        others = [o for o in self.output_users if o is not old and self.find(o) is root]
+        outputs: list[fx.Node] = []
+        fx.node.map_arg(self.output_node.args, outputs.append)
+        others = [o for o in outputs if o is not old and self.find(o) is root]
         if others:
             return "two graph outputs would alias each other"
         return None

@@ -338,6 +338,21 @@ def getitem_users(node: fx.Node) -> dict[int, list[fx.Node]] | None:
     return out
 
 
+def num_outputs(view: "GraphView", node: fx.Node) -> int | None:
+    """How many values a multi-output node (split, unbind) returns, if known.
+
+    Known from its example value (a tuple; exact even when sizes are symbolic), else
+    from integer split sizes.
+    """
+    v = view.val(node)
+    if isinstance(v, (tuple, list)):
+        return len(v)
+    call = view.classify(node)
+    if call is not None and call.op == "split" and isinstance(call.args["sizes"], list):
+        return len(call.args["sizes"])
+    return None
+
+
 def map_nodes(value: Any, fn: Callable[[fx.Node], Any]) -> Any:
     return fx.node.map_arg(value, fn)
 

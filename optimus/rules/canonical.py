@@ -9,26 +9,31 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch.fx as fx
+
 from ..core.pattern import Op
 from ..core.rule import rule
-from ..core.view import is_int
+from ..core.view import is_int, num_outputs
 from ..core.vocab import Call
 
 
 def _needs_canonical_form(call: Call, view: Any) -> bool:
-    if not _resolved(call):
+    if not _resolved(call, view):
         return False  # sizes or dims unknown (no shapes, or symbolic): nothing to gain
+    if isinstance(call.args.get("tensors"), fx.Node):
+        return True  # cat/stack of a whole tuple
     return not view.is_canonical_form(call.node, call)
 
 
-def _resolved(call: Call) -> bool:
+def _resolved(call: Call, view: Any) -> bool:
     if not is_int(call.args.get("dim")):
         return False
     if call.op == "split":
         sizes = call.args["sizes"]
         return isinstance(sizes, list) and all(is_int(s) for s in sizes)
     if call.op in ("cat", "stack"):
-        return isinstance(call.args["tensors"], list)
+        tensors = call.args["tensors"]
+        return isinstance(tensors, list) or (isinstance(tensors, fx.Node) and num_outputs(view, tensors) is not None)
     return True
 
 
@@ -39,5 +44,10 @@ def canonicalize_split_cat_args(m, b):
     x.split(8, dim=-1)            -> torch.split(x, [8, 8, 8], 1)
     torch.concat([a, b], axis=-1) -> torch.cat([a, b], 1)
     aten.split.Tensor(x, 8, -1)   -> aten.split_with_sizes.default(x, [8, 8, 8], 1)
+    torch.cat(x.split(4), 1)      -> torch.cat([chunk0, chunk1, ...], 1)   (symbolic_trace form)
     """
-    return b.emit(m.anchor.op, **m.anchor.args)
+    tensors = m.anchor.args.get("tensors")
+    if isinstance(tensors, fx.Node):  # cat/stack of a whole tuple: name its elements
+        items = [b.emit("getitem", tensors, i) for i in range(num_outputs(m.view, tensors))]
+        return b.respell(m.anchor, tensors=items)
+    return b.respell(m.anchor)

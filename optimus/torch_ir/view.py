@@ -151,8 +151,11 @@ class TorchIRView(GraphView):
 
     def __init__(self, gm: fx.GraphModule, meta_key: str | None = None) -> None:
         super().__init__(gm)
-        if meta_key is not None:
-            self.meta_key = meta_key
+        if meta_key is None:
+            # Dynamo graphs carry "example_value"; FakeTensorProp'd / exported ones "val".
+            has = {k for n in gm.graph.nodes for k in ("example_value", "val") if k in n.meta}
+            meta_key = "example_value" if "example_value" in has or not has else "val"
+        self.meta_key = meta_key
 
     # ------------------------------------------------------------ classification
     def _classify(self, node: fx.Node) -> tuple[str, dict[str, Any]] | None:

@@ -1,0 +1,87 @@
+import pytest
+
+import optimus
+from optimus.core.registry import PRESETS, REGISTRY, resolve
+
+
+def test_presets_select_kinds():
+    none = resolve("none")
+    assert not any(none.rules.values())
+    everything = resolve("all")
+    assert "split_cat_to_identity" in everything.rules["torch_ir"]
+    assert "split_cat_to_identity" in everything.rules["aten_ir"]
+    vertical = resolve("vertical")
+    assert all(REGISTRY.get(n).kind in ("canonicalize", "vertical") for n in vertical.rules["torch_ir"])
+    assert set(PRESETS) >= {"none", "vertical", "horizontal", "all"}
+
+
+def test_list_dict_and_level_forms():
+    cfg = resolve(["split_cat_to_identity", "merge_splits"])
+    assert cfg.rules["torch_ir"] == cfg.rules["aten_ir"] == ("split_cat_to_identity", "merge_splits")
+    cfg = resolve({"torch_ir": "vertical", "aten_ir": ["merge_splits"], "inductor_ir": "none"})
+    assert cfg.rules["aten_ir"] == ("merge_splits",)
+    assert "split_cat_to_identity" in cfg.rules["torch_ir"]
+    assert resolve("aten_ir").rules["torch_ir"] == ()
+    assert resolve({"options": {"numeric_check": True}}).driver.numeric_check
+
+
+def test_unknown_name_lists_close_matches():
+    with pytest.raises(ValueError, match="Did you mean: split_cat_to_identity"):
+        resolve("split_cat_to_identiy")
+    with pytest.raises(ValueError, match="Valid names"):
+        resolve(["all", "nonsense"])
+    with pytest.raises(ValueError, match="unknown level"):
+        resolve({"torchir": "all"})
+
+
+def test_wrong_types_are_clear():
+    with pytest.raises(TypeError, match="passes must be"):
+        resolve(42)
+    with pytest.raises(TypeError, match="entries must be str"):
+        resolve(["all", 3])
+    with pytest.raises(TypeError, match="numeric_check"):
+        resolve({"options": {"numeric_check": "yes"}})
+    with pytest.raises(TypeError, match="valid driver options"):
+        resolve({"options": {"bogus": 1}})
+    with pytest.raises(ValueError, match="has no option"):
+        resolve({"torch_ir": {"merge_splits": {"threshold": 3}}})
+
+
+def test_order_follows_priority():
+    names = resolve("all").rules["torch_ir"]
+    prios = [REGISTRY.get(n).priority for n in names]
+    assert prios == sorted(prios)
+    assert names[0] == "canonicalize_split_cat_args"
+
+
+def test_fingerprint_tracks_selection_and_options():
+    a = resolve("all").fingerprint()
+    assert a == resolve("all").fingerprint()
+    assert a != resolve("vertical").fingerprint() or resolve("vertical").rules == resolve("all").rules
+    assert resolve(["merge_splits"]).fingerprint() != resolve(["split_cat_to_identity"]).fingerprint()
+    assert resolve({"options": {"numeric_check": True}, "torch_ir": "all"}).fingerprint() != resolve({"torch_ir": "all"}).fingerprint()
+
+
+def test_user_rule_registration_applies_immediately():
+    from optimus import Op, Var
+
+    @optimus.rule(Op("relu", Op("relu", Var("x"))), name="test_double_relu")
+    def double_relu(m, b):
+        """relu(relu(x)) -> relu(x)"""
+        return b.relu(m.x)
+
+    try:
+        assert "test_double_relu" in resolve("all").rules["torch_ir"]
+        assert "test_double_relu" in resolve(["test_double_relu"]).rules["aten_ir"]
+    finally:
+        REGISTRY.remove("test_double_relu")
+    assert "test_double_relu" not in resolve("all").rules["torch_ir"]
+
+
+def test_reserved_and_duplicate_names():
+    from optimus import Op, Var
+
+    with pytest.raises(ValueError, match="preset or level"):
+        optimus.rule(Op("relu", Var("x")), name="all")(lambda m, b: None)
+    with pytest.raises(ValueError, match="already registered"):
+        optimus.rule(Op("relu", Var("x")), name="merge_splits")(lambda m, b: m.x)

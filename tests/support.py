@@ -1,0 +1,117 @@
+"""Test support: run a function's graphs through Optimus at one level, compare with eager.
+
+* Torch-IR: Dynamo captures the pre-grad graph; Optimus rewrites it; the rewritten graph
+  runs eagerly (autograd provides gradients).
+* Aten-IR: AOTAutograd produces functional forward and backward graphs (with Inductor's
+  decompositions, as Inductor would see them); Optimus rewrites both; they run eagerly.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+
+import optimus
+from optimus.core.driver import make_view
+from optimus.core.report import Report
+
+
+@dataclasses.dataclass
+class LevelRun:
+    outputs: Any
+    grads: list[torch.Tensor | None]
+    graphs: list[fx.GraphModule]
+    reports: list[Report]
+
+    def ops(self, which: int | None = None) -> collections.Counter:
+        """Canonical op counts over the rewritten graphs (or one of them)."""
+        graphs = self.graphs if which is None else [self.graphs[which]]
+        c: collections.Counter = collections.Counter()
+        for gm in graphs:
+            view = make_view(self.level, gm)
+            for n in gm.graph.nodes:
+                call = view.classify(n)
+                if call is not None:
+                    c[call.op] += 1
+        return c
+
+    def matched(self, rule: str) -> int:
+        return sum(g.rules[rule].matched for r in self.reports for g in r.graphs if rule in g.rules)
+
+    def errors(self) -> list[str]:
+        return [e for r in self.reports for e in r.errors()]
+
+    level: str = "torch_ir"
+
+
+def run_level(fn: Callable[..., Any], inputs: list[torch.Tensor], level: str, passes: Any = "all", dynamic: bool = False, grad: bool = True) -> LevelRun:
+    torch._dynamo.reset()
+    graphs: list[fx.GraphModule] = []
+    reports: list[Report] = []
+
+    def rewrite(gm: fx.GraphModule, lv: str) -> fx.GraphModule:
+        optimus.optimize(gm, passes=passes, level=lv)
+        reports.append(optimus.last_report())
+        graphs.append(gm)
+        return gm
+
+    if level == "torch_ir":
+
+        def backend(gm, example_inputs):
+            return rewrite(gm, "torch_ir").forward
+
+    elif level == "aten_ir":
+        from functorch.compile import make_boxed_func
+        from torch._dynamo.backends.common import aot_autograd
+        from torch._inductor.decomposition import select_decomp_table
+
+        def compiler(gm, example_inputs):
+            return make_boxed_func(rewrite(gm, "aten_ir").forward)
+
+        backend = aot_autograd(fw_compiler=compiler, bw_compiler=compiler, decompositions=select_decomp_table())
+    else:
+        raise ValueError(level)
+    compiled = torch.compile(fn, backend=backend, fullgraph=True, dynamic=dynamic)
+    outputs, grads = _run(compiled, inputs, grad)
+    run = LevelRun(outputs, grads, graphs, reports)
+    run.level = level
+    return run
+
+
+def _run(fn: Callable[..., Any], inputs: list[torch.Tensor], grad: bool = True) -> tuple[Any, list[torch.Tensor | None]]:
+    args = [t.detach().clone().requires_grad_(grad and t.is_floating_point()) for t in inputs]
+    out = fn(*args)
+    leaves = [o for o in torch.utils._pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
+    if leaves:
+        g = torch.Generator().manual_seed(1)
+        loss = sum((o * torch.randn(o.shape, generator=g, dtype=o.dtype)).sum() for o in leaves)
+        loss.backward()
+    return out, [a.grad for a in args]
+
+
+def assert_close_tree(a: Any, b: Any, rtol: float = 1e-5, atol: float = 1e-6) -> None:
+    la, lb = torch.utils._pytree.tree_leaves(a), torch.utils._pytree.tree_leaves(b)
+    assert len(la) == len(lb)
+    for x, y in zip(la, lb):
+        if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+            assert x is not None and y is not None, (x, y)
+            torch.testing.assert_close(x, y, rtol=rtol, atol=atol)
+        else:
+            assert x == y
+
+
+def check_level(fn: Callable[..., Any], inputs: list[torch.Tensor], level: str, passes: Any = "all", dynamic: bool = False, grad: bool = True) -> LevelRun:
+    """Run at ``level`` and assert outputs and input gradients equal eager's."""
+    expected_out, expected_grads = _run(fn, inputs, grad)
+    run = run_level(fn, inputs, level, passes, dynamic, grad)
+    assert_close_tree(run.outputs, expected_out)
+    assert_close_tree(run.grads, expected_grads)
+    assert not run.errors(), run.errors()
+    return run
+
+
+LEVELS = ["torch_ir", "aten_ir"]
