@@ -141,7 +141,15 @@ VIEW_OPS: frozenset[str] = frozenset(
 # Ops that return a tuple/list of tensors; their users are ``getitem`` nodes.
 MULTI_OUTPUT: frozenset[str] = frozenset({"split", "unbind"})
 
-ALL_OPS: frozenset[str] = frozenset(SCHEMAS)
+
+
+def register_ops(schemas: dict[str, tuple[str, ...]]) -> None:
+    """Add canonical ops (e.g. a level's own node kinds, such as Inductor-IR scheduler
+    node kinds) so patterns and builders can name them. Existing ops cannot change."""
+    for name, args in schemas.items():
+        if name in SCHEMAS and SCHEMAS[name] != tuple(args):
+            raise ValueError(f"canonical op {name!r} already has arguments {SCHEMAS[name]}")
+        SCHEMAS[name] = tuple(args)
 
 
 @dataclasses.dataclass(frozen=True)
