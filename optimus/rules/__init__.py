@@ -5,3 +5,4 @@ named after the rewrite it performs, with a docstring showing before -> after.
 """
 
 from . import canonical, split_cat  # noqa: F401
+from ..inductor_ir import rules as _inductor_ir_rules  # noqa: F401
