@@ -72,7 +72,15 @@ def run_level(fn: Callable[..., Any], inputs: list[torch.Tensor], level: str, pa
         def compiler(gm, example_inputs):
             return make_boxed_func(rewrite(gm, "aten_ir").forward)
 
-        backend = aot_autograd(fw_compiler=compiler, bw_compiler=compiler, decompositions=select_decomp_table())
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+        # Inductor's decompositions and partitioner, so the graphs look like Inductor's.
+        backend = aot_autograd(
+            fw_compiler=compiler,
+            bw_compiler=compiler,
+            decompositions=select_decomp_table(),
+            partition_fn=min_cut_rematerialization_partition,
+        )
     else:
         raise ValueError(level)
     compiled = torch.compile(fn, backend=backend, fullgraph=True, dynamic=dynamic)

@@ -44,6 +44,7 @@ _TABLE: dict[Any, tuple[str, dict[str, str]]] = {
     aten.bmm.default: ("bmm", _SELF),
     aten.addmm.default: ("addmm", {"self": "bias", "mat1": "input"}),
     aten.baddbmm.default: ("baddbmm", {"self": "bias", "batch1": "input", "batch2": "mat2"}),
+    aten.sum.dim_IntList: ("sum", {**_SELF, "dim": "dims"}),
     aten.clamp.default: ("clamp", _SELF),
     aten.nan_to_num.default: ("nan_to_num", _SELF),
     aten.gelu.default: ("gelu", _SELF),
@@ -96,6 +97,25 @@ for _u in UNARY_POINTWISE:
         _EMIT.setdefault(_u, _packet.default)
 
 
+# Elementwise aten ops outside the named vocabulary ("pointwise:aten.ge.Scalar" ...),
+# read through their schemas: lets rules such as hoisting see the comparison, masking and
+# clamping ops that decompositions and backward graphs are full of.
+GENERIC_POINTWISE: dict[str, Any] = {}
+
+
+def _generic_pointwise_name(op: Any) -> str | None:
+    if not isinstance(op, torch._ops.OpOverload):
+        return None
+    tags = getattr(op, "tags", ())
+    if torch.Tag.pointwise not in tags or torch.Tag.nondeterministic_seeded in tags or op._schema.is_mutable:
+        return None
+    if len(op._schema.returns) != 1:
+        return None
+    name = f"pointwise:{op}"
+    GENERIC_POINTWISE[name] = op
+    return name
+
+
 def bind_schema(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """Bind a call of an ``OpOverload`` to its schema's argument names (with defaults)."""
     schema = op._schema
@@ -137,12 +157,19 @@ class AtenIRView(GraphView):
             return None
         entry = _TABLE.get(target)
         if entry is None:
-            return None
+            generic = _generic_pointwise_name(target)
+            if generic is None:
+                return None
+            entry = (generic, _SELF)
         op, renames = entry
         bound = bind_schema(target, node.args, dict(node.kwargs))
         args = {renames.get(k, k): v for k, v in bound.items()}
         if op == "squeeze" and "dims" not in args:
             args["dims"] = None
+        if op == "sum":
+            if args.pop("dtype", None) is not None or args.get("dims") is None:
+                return None
+            args["dims"] = list(args["dims"])
         if op == "clone":
             fmt = args.pop("memory_format", None)
             if fmt not in (None, torch.preserve_format):
@@ -191,12 +218,45 @@ class AtenIRView(GraphView):
             return cf, _EMIT[op], [a["input"], list(a["shape"])], {}
         if op == "permute":
             return cf, aten.permute.default, [a["input"], list(a["dims"])], {}
-        target = _EMIT.get(op)
+        if op == "sum":
+            return cf, aten.sum.dim_IntList, [a["input"], list(a["dims"]), a["keepdim"]], {}
+        target = _EMIT.get(op) or GENERIC_POINTWISE.get(op)
         if target is None:
             raise KeyError(f"Aten-IR cannot emit {op!r}")
         names = [p.name for p in target._schema.arguments]
         canon = {"self": "input", "mat1": "input", "batch1": "input", "batch2": "mat2"}
         return cf, target, [a[canon.get(n, n)] for n in names if canon.get(n, n) in a], {}
+
+    def emit_constant(self, t: torch.Tensor, before: fx.Node) -> fx.Node:
+        # A buffer on the graph module; Inductor lowers get_attr tensors as constants.
+        k = 0
+        while hasattr(self.gm, f"_optimus_constant_{k}"):
+            k += 1
+        name = f"_optimus_constant_{k}"
+        self.gm.register_buffer(name, t)
+        with self.graph.inserting_before(before):
+            node = self.graph.get_attr(name)
+        node.meta[self.meta_key] = self.value_of_tensor(t)
+        return node
+
+    def schema_of(self, op: str) -> tuple[str, ...]:
+        target = GENERIC_POINTWISE.get(op)
+        if target is not None:
+            return tuple(_SELF.get(a.name, a.name) for a in target._schema.arguments)
+        return super().schema_of(op)
+
+    def protected_outputs(self) -> int | None:
+        # A training forward graph returns (tokens, mutated inputs, user outputs,
+        # intermediate bases, rng offset) and then the activations saved for backward.
+        names = [n.name for n in self.graph.nodes if n.op == "placeholder"]
+        if not any(n.startswith("primals") for n in names) or any(n.startswith("tangents") for n in names):
+            return None
+        try:
+            ctx = torch._guards.TracingContext.try_get()
+            meta = getattr(ctx, "fw_metadata", None)
+            return len(getattr(meta, "tokens", None) or ()) + int(meta.num_forward)
+        except Exception:
+            return None
 
     def mutated_inputs(self, node: fx.Node) -> list[fx.Node]:
         target = node.target

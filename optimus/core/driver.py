@@ -116,8 +116,8 @@ class Driver:
             builder = Builder(self.view, anchor)
             result = rule.replace(match, builder)
             pairs = self._pairs(result, anchor)
-            self._validate(pairs, builder)
-            self._commit(rule, pairs, builder, stats)
+            early = self._validate(pairs, builder)
+            self._commit(rule, anchor, pairs, builder, stats, early)
             return True
         except Decline as d:
             self._discard(builder)
@@ -160,8 +160,10 @@ class Driver:
                 raise TypeError("replacements map nodes to nodes")
         return pairs
 
-    def _validate(self, pairs: list[tuple[fx.Node, fx.Node]], builder: Builder) -> None:
+    def _validate(self, pairs: list[tuple[fx.Node, fx.Node]], builder: Builder) -> fx.Node | None:
+        """Check the rewrite; return the earliest user that must move after the new nodes."""
         new_set = set(builder.new_nodes)
+        early: fx.Node | None = None
         for old, new in pairs:
             if old._erased or new._erased:
                 raise RuntimeError("replacement refers to an erased node")
@@ -171,16 +173,26 @@ class Driver:
                 raise Decline(problem)
             for user in old.users:
                 if user not in new_set and not new._sort_key < user._sort_key:
-                    raise Decline(f"{new.name} would be defined after its user {user.name}")
+                    if user.op == "output":
+                        raise Decline(f"{new.name} would be defined after the graph output")
+                    if early is None or user._sort_key < early._sort_key:
+                        early = user
         for node in builder.new_nodes:  # local lint: inputs defined before use
             for inp in node.all_input_nodes:
                 if inp._erased or not inp._sort_key < node._sort_key:
                     raise RuntimeError(f"new node {node.name} uses {inp.name} before it is defined")
+        return early
 
-    def _commit(self, rule: Rule, pairs: list[tuple[fx.Node, fx.Node]], builder: Builder, stats: RuleStats) -> None:
+    def _commit(self, rule: Rule, anchor: fx.Node, pairs: list[tuple[fx.Node, fx.Node]], builder: Builder, stats: RuleStats, early: fx.Node | None) -> None:
         new_set = set(builder.new_nodes)
+        changed: list[tuple[fx.Node, fx.Node, list[fx.Node]]] = []
         for old, new in pairs:
-            old.replace_all_uses_with(new, delete_user_cb=lambda u: u not in new_set)
+            changed.append((old, new, old.replace_all_uses_with(new, delete_user_cb=lambda u: u not in new_set)))
+        if early is not None and not _reorder_span(early, max(builder.new_nodes, key=lambda n: n._sort_key)):
+            for old, new, users in changed:  # the replacement depends on a user it replaces
+                for u in users:
+                    u.replace_input_with(new, old)
+            raise Decline("the replacement depends on a user of what it replaces (a cycle)")
         for node in builder.new_nodes:
             self.alias.add(node)
         erased = self._dead_code([old for old, _ in pairs] + builder.new_nodes)
@@ -192,7 +204,7 @@ class Driver:
         self.applied.append(rule.name)
         if self.lint_each:
             self.graph.lint()
-        touched: list[fx.Node] = []
+        touched: list[fx.Node] = [anchor]  # a surviving anchor may match again (dropped if erased)
         for node in builder.new_nodes:
             if not node._erased:
                 touched.append(node)
@@ -275,6 +287,44 @@ def restore(graph: fx.Graph, backup: fx.Graph) -> None:
     val_map: dict[fx.Node, fx.Node] = {}
     out = graph.graph_copy(backup, val_map)
     graph.output(out)
+
+
+def _reorder_span(first: fx.Node, last: fx.Node) -> bool:
+    """Stably reorder the nodes from ``first`` to ``last`` so inputs precede users.
+
+    Used when a rewrite places new nodes after some users of what they replace (their
+    inputs are defined late). Only that span moves. False (nothing moved) on a cycle.
+    """
+    span: list[fx.Node] = []
+    node = first
+    while True:
+        span.append(node)
+        if node is last:
+            break
+        node = node.next
+        if node.op == "root":
+            return False
+    members = set(span)
+    index = {n: i for i, n in enumerate(span)}
+    pending = {n: sum(1 for i in n.all_input_nodes if i in members) for n in span}
+    ready = [(index[n], n) for n in span if pending[n] == 0]
+    heapq.heapify(ready)
+    order: list[fx.Node] = []
+    while ready:
+        _, n = heapq.heappop(ready)
+        order.append(n)
+        for user in n.users:
+            if user in members:
+                pending[user] -= 1
+                if pending[user] == 0:
+                    heapq.heappush(ready, (index[user], user))
+    if len(order) != len(span):
+        return False
+    cursor = first.prev
+    for n in order:
+        cursor.append(n)
+        cursor = n
+    return True
 
 
 def stable_topological_sort(graph: fx.Graph) -> None:

@@ -9,6 +9,8 @@ through ``@optimus.rule``). ``resolve(passes)`` turns what a user wrote into a
 * a preset: ``"none"``, ``"vertical"``, ``"horizontal"``, ``"all"`` (``"default"`` is
   ``"all"``); presets include the canonicalization rules the others rely on;
 * a level name (``"torch_ir"``, ``"aten_ir"``, ``"inductor_ir"``): every rule of that level;
+  (presets and level names leave out rules registered with ``default=False``, which run
+  only when named;)
 * a rule name: that rule, at every level it supports;
 * a list of the above (their union);
 * a dict per level: ``{"torch_ir": "vertical", "aten_ir": ["split_cat_to_identity"],
@@ -87,9 +89,13 @@ class Registry:
     def __contains__(self, name: str) -> bool:
         return name in self._rules
 
-    def rules(self, level: str | None = None, kinds: Iterable[str] | None = None) -> list[Rule]:
+    def rules(self, level: str | None = None, kinds: Iterable[str] | None = None, defaults_only: bool = False) -> list[Rule]:
         kinds = tuple(kinds) if kinds is not None else KINDS
-        found = [r for r in self._rules.values() if (level is None or level in r.levels) and r.kind in kinds]
+        found = [
+            r
+            for r in self._rules.values()
+            if (level is None or level in r.levels) and r.kind in kinds and (r.default or not defaults_only)
+        ]
         return sorted(found, key=lambda r: (r.priority, self._order[r.name]))
 
     def names(self) -> list[str]:
@@ -202,10 +208,10 @@ def _select_names(names: list[str], levels: Iterable[str], selected: dict[str, l
     for name in names:
         if name in PRESETS:
             for level in levels:
-                selected[level] += [r.name for r in REGISTRY.rules(level, PRESETS[name])]
+                selected[level] += [r.name for r in REGISTRY.rules(level, PRESETS[name], defaults_only=True)]
         elif name in LEVELS:
             if name in levels:
-                selected[name] += [r.name for r in REGISTRY.rules(name)]
+                selected[name] += [r.name for r in REGISTRY.rules(name, defaults_only=True)]
             else:
                 raise ValueError(f"level {name!r} given inside passes[{levels[0]!r}]")
         elif name in REGISTRY:

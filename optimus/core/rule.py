@@ -94,13 +94,13 @@ class Builder:
     """
 
     def __init__(self, view: GraphView, anchor: fx.Node) -> None:
-        self.view = view
+        self.graph_view = view  # not "view": b.view(...) emits the view op
         self.graph = view.graph
         self.point = anchor
         self.new_nodes: list[fx.Node] = []
 
     def emit(self, op: str, *args: Any, **kwargs: Any) -> fx.Node:
-        schema = SCHEMAS.get(op, ("input", "index"))
+        schema = self.graph_view.schema_of(op)
         if len(args) > len(schema):
             raise TypeError(f"{op} takes {len(schema)} arguments {schema}, got {len(args)}")
         canon = dict(DEFAULTS.get(op, {}))
@@ -112,7 +112,7 @@ class Builder:
         canon = {k: self.value(v) for k, v in canon.items()}
         self._place_after_inputs(canon)
         with self.graph.inserting_before(self.point):
-            node = self.view.emit(op, canon)
+            node = self.graph_view.emit(op, canon)
         self.new_nodes.append(node)
         return node
 
@@ -125,10 +125,10 @@ class Builder:
         """
         canon = {k: self.value(v) for k, v in {**call.args, **changes}.items()}
         self._place_after_inputs(canon)
-        kind, target, pargs, kwargs = self.view._emit_target(call.op, canon)
+        kind, target, pargs, kwargs = self.graph_view._emit_target(call.op, canon)
         with self.graph.inserting_before(self.point):
             node = self.graph.create_node(kind, target, tuple(pargs), kwargs)
-        node.meta.update({k: v for k, v in call.node.meta.items() if k in (self.view.meta_key, "stack_trace", "nn_module_stack", "source_fn_stack")})
+        node.meta.update({k: v for k, v in call.node.meta.items() if k in (self.graph_view.meta_key, "stack_trace", "nn_module_stack", "source_fn_stack")})
         self.new_nodes.append(node)
         return node
 
@@ -137,11 +137,24 @@ class Builder:
         return [self.emit("getitem", node, i) for i in range(len(sizes))]
 
     def unbind(self, input: Any, dim: int) -> list[fx.Node]:
-        shape = self.view.shape(input)
+        shape = self.graph_view.shape(input)
         if shape is None:
             raise ValueError("unbind needs a known shape")
         node = self.emit("unbind", input, dim)
         return [self.emit("getitem", node, i) for i in range(int(shape[dim]))]
+
+    def constant(self, values: Sequence[float], shape: Sequence[int], dtype: Any, device: Any) -> fx.Node:
+        """A constant tensor as a node of this level (e.g. per-chunk scalars as one vector).
+
+        Built outside any ambient fake-tensor mode (rules can run while one is active)."""
+        import torch
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():
+            t = torch.tensor(list(values), dtype=dtype, device=device).reshape(list(shape))
+        node = self.graph_view.emit_constant(t, self.point)
+        self.new_nodes.append(node)
+        return node
 
     def value(self, v: Any) -> Any:
         """Materialize ``ParamRef``s as ``get_attr`` nodes; everything else unchanged."""
@@ -149,7 +162,7 @@ class Builder:
             first = next(iter(self.graph.nodes))
             with self.graph.inserting_before(first):
                 node = self.graph.get_attr(v.target)
-            node.meta[self.view.meta_key] = self.view.value_of_tensor(self.view.gm.get_parameter(v.target))
+            node.meta[self.graph_view.meta_key] = self.graph_view.value_of_tensor(self.graph_view.gm.get_parameter(v.target))
             self.new_nodes.append(node)
             return node
         if isinstance(v, (list, tuple)):
@@ -185,6 +198,7 @@ class Rule:
     priority: int = 100
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
     doc: str = ""
+    default: bool = True  # part of presets and level selections (else only when named)
 
     def __post_init__(self) -> None:
         if not isinstance(self.pattern, Op):
@@ -242,6 +256,7 @@ def rule(
     options: dict[str, Any] | None = None,
     name: str | None = None,
     register: bool = True,
+    default: bool = True,
 ) -> Callable[[Callable[[Match, Builder], Any]], Rule]:
     """Decorator turning a replacement function into a ``Rule`` (and registering it).
 
@@ -261,6 +276,7 @@ def rule(
             priority=priority,
             options=dict(options or {}),
             doc=inspect.getdoc(fn) or "",
+            default=default,
         )
         if register:
             from .registry import REGISTRY

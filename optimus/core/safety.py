@@ -78,7 +78,9 @@ class AliasAnalysis:
         if call is not None and call.op in VIEW_OPS:
             src = call.args.get("input")
             if isinstance(src, fx.Node):
-                self.union(node, src)
+                mine, theirs = _storage_key(self.view.val(node)), _storage_key(self.view.val(src))
+                if mine is None or theirs is None or mine == theirs:
+                    self.union(node, src)  # a view (or unknown: assume it aliases)
 
     # queries ---------------------------------------------------------------------
     def is_mutated(self, node: fx.Node) -> bool:
@@ -87,16 +89,27 @@ class AliasAnalysis:
     def same_class(self, a: fx.Node, b: fx.Node) -> bool:
         return self.find(a) is self.find(b)
 
+    def visible_outputs(self) -> list[fx.Node]:
+        """Graph outputs callers see (all, unless the view says only the first k)."""
+        outputs: list[fx.Node] = []
+        args = self.output_node.args[0] if self.output_node is not None and self.output_node.args else ()
+        items = list(args) if isinstance(args, (list, tuple)) else [args]
+        k = self.view.protected_outputs()
+        for item in items if k is None else items[:k]:
+            fx.node.map_arg(item, outputs.append)
+        return outputs
+
     def output_alias_problem(self, old: fx.Node, new: fx.Node) -> str | None:
         """Why replacing graph output ``old`` by ``new`` would create new aliasing, if it would."""
         if self.output_node is None or self.output_node not in old.users or self.same_class(old, new):
             return None
+        visible = self.visible_outputs()
+        if old not in visible:
+            return None  # only saved activations: they may alias
         root = self.find(new)
         if root in self.external_roots:
             return "a graph output would alias a graph input or parameter"
-        outputs: list[fx.Node] = []
-        fx.node.map_arg(self.output_node.args, outputs.append)
-        others = [o for o in outputs if o is not old and self.find(o) is root]
+        others = [o for o in visible if o is not old and self.find(o) is root]
         if others:
             return "two graph outputs would alias each other"
         return None

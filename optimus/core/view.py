@@ -194,6 +194,8 @@ class GraphView:
             args["dims"] = dims
         if op == "permute":
             args["dims"] = [normalize_dim(d, rank) for d in args["dims"]]
+        if op == "sum" and isinstance(args.get("dims"), list):
+            args["dims"] = [normalize_dim(d, rank) for d in args["dims"]]
         if op == "transpose":
             args["dim0"] = normalize_dim(args["dim0"], rank)
             args["dim1"] = normalize_dim(args["dim1"], rank)
@@ -213,10 +215,16 @@ class GraphView:
         return sizes
 
     # ----------------------------------------------------------------- emission
+    def schema_of(self, op: str) -> tuple[str, ...]:
+        """Canonical argument names of ``op`` (levels may know ops beyond the vocabulary)."""
+        if op == "getitem":
+            return ("input", "index")
+        if op not in SCHEMAS:
+            raise KeyError(f"unknown canonical op {op!r}")
+        return SCHEMAS[op]
+
     def emit(self, op: str, args: dict[str, Any]) -> fx.Node:
         """Create a node for canonical ``op`` at the graph's insertion point, with metadata."""
-        if op not in SCHEMAS and op != "getitem":
-            raise KeyError(f"unknown canonical op {op!r}")
         kind, target, pargs, kwargs = self._emit_target(op, args)
         node = self.graph.create_node(kind, target, tuple(pargs), kwargs)
         self.infer_meta(node)
@@ -224,6 +232,10 @@ class GraphView:
 
     def _emit_target(self, op: str, args: dict[str, Any]) -> tuple[str, Any, list[Any], dict[str, Any]]:
         """(fx op kind, target, positional args, kwargs) spelling ``op`` at this level."""
+        raise NotImplementedError
+
+    def emit_constant(self, t: torch.Tensor, before: fx.Node) -> fx.Node:
+        """A node producing the constant tensor ``t`` (inserted before ``before``)."""
         raise NotImplementedError
 
     def is_canonical_form(self, node: fx.Node, call: Call) -> bool:
@@ -289,6 +301,14 @@ class GraphView:
             trace = next((t for t in stack_traces if t), None)
             if trace:
                 node.meta["stack_trace"] = trace
+
+    def protected_outputs(self) -> int | None:
+        """How many leading graph outputs callers can see (None: all of them).
+
+        Outputs past these (saved activations of a training forward graph) may alias
+        inputs or each other after a rewrite; visible ones may not.
+        """
+        return None
 
     # -------------------------------------------------------------- side effects
     def mutated_inputs(self, node: fx.Node) -> list[fx.Node]:

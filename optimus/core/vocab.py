@@ -53,6 +53,8 @@ SCHEMAS: dict[str, tuple[str, ...]] = {
     "baddbmm": ("bias", "input", "mat2", "beta", "alpha"),
     "matmul": ("input", "other"),
     "einsum": ("equation", "operands"),
+    # reductions
+    "sum": ("input", "dims", "keepdim"),
     # normalization
     "layer_norm": ("input", "normalized_shape", "weight", "bias", "eps"),
     # pointwise with extra arguments
@@ -80,6 +82,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "clamp": {"min": None, "max": None},
     "nan_to_num": {"nan": 0.0, "posinf": None, "neginf": None},
     "dropout": {"p": 0.5, "training": True},
+    "sum": {"keepdim": False},
     "gelu": {"approximate": "none"},
     "leaky_relu": {"negative_slope": 0.01},
     "add": {"alpha": 1},
@@ -114,6 +117,11 @@ BINARY_POINTWISE: tuple[str, ...] = ("add", "sub", "mul", "div")
 POINTWISE: frozenset[str] = frozenset(
     UNARY_POINTWISE + BINARY_POINTWISE + ("clamp", "nan_to_num", "gelu", "leaky_relu", "detach")
 )
+
+def is_pointwise(op: str) -> bool:
+    """Elementwise, named in the vocabulary or a level's generic elementwise op."""
+    return op in POINTWISE or op.startswith("pointwise:")
+
 
 # Ops whose outputs alias (are views of) their input.
 VIEW_OPS: frozenset[str] = frozenset(

@@ -1,4 +1,4 @@
-"""Vertical rules for split/cat round trips (the first of the library).
+"""Vertical rules for split -> cat/stack round trips.
 
 Each rule's docstring shows the identity it implements; patterns use the canonical
 vocabulary, so every rule runs at Torch-IR and Aten-IR unchanged.
@@ -6,11 +6,16 @@ vocabulary, so every rule runs at Torch-IR and Aten-IR unchanged.
 
 from __future__ import annotations
 
+import torch.fx as fx
+
 from ..core.pattern import Each, ListOf, Op, Var
 from ..core.rule import rule
+from ..core.symbolic import known_eq
 from ..core.view import is_int, num_outputs
+from ._facts import STACK_SPELLINGS, adjacent_runs, covers, emittable_shape, permute_for_movedim, segment_of, stack_of
 
 X, S, D, I = Var("x"), Var("sizes"), Var("dim"), Var("index")
+CHUNKS = ListOf(Op("getitem", Op("split", X, S, D).bind("split"), Each("index")))
 
 
 def _known_sizes(m):
@@ -43,17 +48,146 @@ def _chunks_cover_split_in_order(m):
     return n is not None and m.index == list(range(n))
 
 
-@rule(
-    Op("cat", ListOf(Op("getitem", Op("split", X, S, D).bind("split"), Each("index"))), D),
-    where=[_chunks_cover_split_in_order],
-    priority=20,
-)
+@rule(Op("cat", CHUNKS, D), where=[_chunks_cover_split_in_order], priority=20)
 def split_cat_to_identity(m, b):
     """Concatenating every chunk of a split, in order, along the split dim gives back its input.
 
     cat(split(x, s, d), d) -> x
     """
     return m.x
+
+
+def _has_adjacent_run(call, view):
+    tensors, dim = call.args["tensors"], call.args["dim"]
+    if not isinstance(tensors, list) or not is_int(dim):
+        return False
+    segs = [segment_of(view, t) for t in tensors]
+    return any(j - i >= 2 and segs[i] is not None for i, j in adjacent_runs(segs, dim))
+
+
+@rule(Op("cat", Var("tensors"), D).such_that(_has_adjacent_run), options={"min_run": 2}, priority=25)
+def cat_adjacent_segments(m, b):
+    """Adjacent ranges of one tensor inside a cat become one slice (a view, no copy).
+
+    cat([y, x[:, 0:4], x[:, 4:8], z], 1)         -> cat([y, x[:, 0:8], z], 1)
+    cat([split(x, s, 1)[2], split(x, s, 1)[3]], 1) -> x[:, s0+s1 : s0+s1+s2+s3]
+    cat([x[:, 0:4], x[:, 4:n]], 1)               -> x
+
+    Covers upstream's partial, shuffled and extra-input split->cat cases and cats of
+    slices. ``min_run`` is the shortest run turned into a slice (upstream's
+    ``threshold_to_cat``, default 10 there; 2 here).
+    """
+    segs = [segment_of(m.view, t) for t in m.tensors]
+    pieces, merged = [], False
+    for i, j in adjacent_runs(segs, m.dim):
+        if segs[i] is not None and j - i >= m.options["min_run"]:
+            first, last = segs[i], segs[j - 1]
+            if covers(m.view, first.source, m.dim, first.start, last.end):
+                pieces.append(first.source)
+            else:
+                pieces.append(b.slice(first.source, m.dim, first.start, last.end))
+            merged = True
+        else:
+            pieces.extend(m.tensors[i:j])
+    if not merged:
+        m.decline(f"no run of at least {m.options['min_run']} adjacent ranges")
+    return pieces[0] if len(pieces) == 1 else b.cat(pieces, m.dim)
+
+
+def _equal_sections(m):
+    """the split sections are not all the same known size"""
+    return _known_sizes(m) and len(set(m.sizes)) == 1
+
+
+def _shape_emittable(m):
+    """the input shape has more than one symbolic size"""
+    return emittable_shape(m.shape(m.x)) is not None
+
+
+def _cat_dim_differs(call, view):
+    tensors = call.args["tensors"]
+    first = view.classify(tensors[0]) if isinstance(tensors, list) and tensors and isinstance(tensors[0], fx.Node) else None
+    split = view.classify(first.args["input"]) if first is not None and first.op == "getitem" else None
+    return split is not None and split.op == "split" and split.args["dim"] != call.args["dim"]
+
+
+@rule(
+    Op("cat", CHUNKS, Var("cat_dim")).such_that(_cat_dim_differs),
+    where=[_chunks_cover_split_in_order, _equal_sections, _shape_emittable],
+    priority=30,
+)
+def split_cat_other_dim_to_view(m, b):
+    """All chunks of an equal split, concatenated along another dim, are one reshape.
+
+    cat(split(x, s, d), e) -> x.unflatten(d, (n, s)).movedim(d, e).flatten(e, e + 1)
+    (one copy at most instead of n chunk views and a cat)
+    """
+    shape = emittable_shape(m.shape(m.x))
+    n, s, d, e = len(m.sizes), m.sizes[0], m.dim, m.cat_dim
+    y = b.reshape(m.x, shape[:d] + [n, s] + shape[d + 1 :])
+    y = b.permute(y, permute_for_movedim(len(shape) + 1, d, e))
+    out = list(shape)
+    out[d] = s
+    out[e] = n * out[e] if out[e] != -1 else -1
+    return b.reshape(y, out)
+
+
+def _stacked_equal_chunks(call, view):
+    """(source, split dim, count, size, stack dim) when the node stacks every chunk of one
+    tensor, in order, all of one size."""
+    stacked = stack_of(view, call)
+    segs = [segment_of(view, t) for t in stacked[0]] if stacked else [None]
+    if any(sg is None for sg in segs) or len({id(sg.source) for sg in segs}) != 1:
+        return None
+    first, sizes = segs[0], [sg.end - sg.start for sg in segs]
+    adjacent = all(known_eq(a.end, c.start) and a.dim == first.dim for a, c in zip(segs, segs[1:]))
+    if adjacent and len(set(sizes)) == 1 and covers(view, first.source, first.dim, first.start, segs[-1].end):
+        return first.source, first.dim, len(segs), sizes[0], stacked[1]
+    return None
+
+
+@rule(Op(STACK_SPELLINGS).such_that(lambda c, v: _stacked_equal_chunks(c, v) is not None), priority=30)
+def split_stack_to_view(m, b):
+    """Stacking every chunk of an equal split is a reshape (and a permute).
+
+    stack(split(x, s, d), e)                      -> x.unflatten(d, (n, s)).movedim(d, e)
+    (stack also spelled cat of unsqueezes, or view of a cat, at Aten-IR)
+    """
+    x, d, n, size, e = _stacked_equal_chunks(m.anchor, m.view)
+    shape = emittable_shape(m.shape(x))
+    if shape is None:
+        m.decline("the input shape has more than one symbolic size")
+    y = b.reshape(x, shape[:d] + [n, size] + shape[d + 1 :])
+    return y if d == e else b.permute(y, permute_for_movedim(len(shape) + 1, d, e))
+
+
+def _sizes_all_one(call, view):
+    sizes = call.args["sizes"]
+    return isinstance(sizes, list) and len(sizes) > 1 and all(s == 1 for s in sizes)
+
+
+def _chunks_only_squeezed(m):
+    """a chunk has users other than squeeze along the split dim"""
+    getitems = m.getitems(m.split)
+    if getitems is None:
+        return False
+    for users in getitems.values():
+        for g in users:
+            for u in g.users:
+                call = m.call(u)
+                if call is None or call.op != "squeeze" or call.args["dims"] != (m.dim,):
+                    return False
+    return True
+
+
+@rule(Op("split", X, S, D).bind("split").such_that(_sizes_all_one), where=[_chunks_only_squeezed], priority=40)
+def split_squeeze_to_unbind(m, b):
+    """Size-1 chunks squeezed along the split dim are an unbind.
+
+    [c.squeeze(d) for c in split(x, 1, d)] -> unbind(x, d)
+    """
+    parts = b.unbind(m.x, m.dim)
+    return {u: parts[i] for i, users in m.getitems(m.split).items() for g in users for u in g.users}
 
 
 def _inner_split_sizes_known(m):
@@ -63,7 +197,7 @@ def _inner_split_sizes_known(m):
 
 def _chunk_only_feeds_inner_split(m):
     """the split chunk has users besides the inner split"""
-    return len(m.chunk.users) == 1
+    return len(m.chunk.users) == 1 and is_int(m.index) and m.index >= 0
 
 
 def _outer_only_getitem_users(m):

@@ -70,6 +70,7 @@ _SIGNATURES: dict[str, tuple[str, list[tuple[str, Any]], dict[str, str], str | N
     "divide": ("div", [("input", R), ("other", R), ("rounding_mode", None)], {"self": "input"}, None),
     "true_divide": ("div", [("input", R), ("other", R)], {"self": "input"}, None),
     "einsum": ("einsum", [("equation", R), ("operands", R)], {}, "operands"),
+    "sum": ("sum", [("input", R), ("dims", None), ("keepdim", False), ("dtype", None)], {"self": "input", "dim": "dims"}, None),
 }
 for _u in UNARY_POINTWISE:
     _SIGNATURES[_u] = (_u, [("input", R), ("inplace", False)], {"self": "input"}, None)
@@ -198,6 +199,11 @@ class TorchIRView(GraphView):
                 return None
         if op == "view" and not all(is_int(s) or isinstance(s, (fx.Node, torch.SymInt)) for s in bound["shape"]):
             return None  # x.view(dtype)
+        if op == "sum":
+            if bound.pop("dtype", None) is not None or bound["dims"] is None:
+                return None
+            dims = bound["dims"]
+            bound["dims"] = [dims] if is_int(dims) else list(dims)
         if op == "div" and "rounding_mode" not in bound:
             bound["rounding_mode"] = None
         if op in ("add", "sub", "mul", "div") and not self._is_tensor_result(node):
@@ -316,6 +322,8 @@ class TorchIRView(GraphView):
             return cf, getattr(torch, op), [a["bias"], a["input"], a["mat2"]], kw
         if op == "einsum":
             return cf, torch.einsum, [a["equation"], *a["operands"]], {}
+        if op == "sum":
+            return cf, torch.sum, [a["input"], list(a["dims"]), a["keepdim"]], {}
         if op == "nan_to_num":
             return cf, torch.nan_to_num, [a["input"]], {"nan": a["nan"], "posinf": a["posinf"], "neginf": a["neginf"]}
         if op == "gelu":
@@ -326,6 +334,13 @@ class TorchIRView(GraphView):
         if fn is None:
             raise KeyError(f"Torch-IR cannot emit {op!r}")
         return cf, fn, [a[name] for name in SCHEMAS[op] if name in a], {}
+
+    def emit_constant(self, t: torch.Tensor, before: fx.Node) -> fx.Node:
+        # torch.tensor(...) in the pre-grad graph becomes a lifted constant under AOTAutograd.
+        with self.graph.inserting_before(before):
+            node = self.graph.call_function(torch.tensor, (t.tolist(),), {"dtype": t.dtype, "device": t.device})
+        self.infer_meta(node)
+        return node
 
     # -------------------------------------------------------------- side effects
     def mutated_inputs(self, node: fx.Node) -> list[fx.Node]:

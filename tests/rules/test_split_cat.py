@@ -30,17 +30,9 @@ def test_split_cat_to_identity(level, shape, make):
     assert run.matched("split_cat_to_identity") >= 1
 
 
-@pytest.mark.parametrize(
-    "make, why",
-    [
-        (lambda x: torch.cat(x.split(4, 1)[::-1], 1), "order"),
-        (lambda x: torch.cat(x.split(4, 1)[:2], 1), "partial"),
-        (lambda x: torch.cat(x.split(4, 1), 0), "other dim"),
-    ],
-)
-def test_split_cat_not_identity_is_left_alone(level, make, why):
-    run = check_level(lambda x: make(x) + 1, [torch.randn(6, 12)], level)
-    assert run.ops(0)["cat"] == 1, why
+def test_split_cat_reversed_is_not_identity(level):
+    run = check_level(lambda x: torch.cat(x.split(4, 1)[::-1], 1) + 1, [torch.randn(6, 12)], level)
+    assert run.ops(0)["cat"] == 1
     assert run.matched("split_cat_to_identity") == 0
 
 

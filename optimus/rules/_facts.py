@@ -1,0 +1,175 @@
+"""Facts rules share: which range of which tensor a node is, and small shape helpers.
+
+A **segment** is a contiguous range ``[start, end)`` of ``source`` along ``dim``:
+``getitem(split(x, sizes, d), i)`` and ``slice(x, d, a, b, 1)`` are both segments. Many
+vertical rules reduce to "these inputs are adjacent segments of one tensor".
+A **part** is one index of ``source`` along ``dim`` with that dim removed:
+``getitem(unbind(x, d), i)`` and ``select(x, d, i)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import torch.fx as fx
+
+from ..core.symbolic import known_eq
+from ..core.view import GraphView, is_int
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    source: fx.Node
+    dim: int
+    start: int
+    end: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    source: fx.Node
+    dim: int
+    index: int
+
+
+def segment_of(view: GraphView, value: Any) -> Segment | None:
+    """``value`` as a range of another tensor along one dim, if it is one."""
+    if not isinstance(value, fx.Node):
+        return None
+    call = view.classify(value)
+    if call is None:
+        return None
+    if call.op == "getitem":
+        src = view.classify(call.args["input"]) if isinstance(call.args["input"], fx.Node) else None
+        if src is None or src.op != "split" or not is_int(src.args["dim"]):
+            return None
+        sizes, i = src.args["sizes"], call.args["index"]
+        if not isinstance(sizes, list) or not all(is_int(s) for s in sizes) or not (0 <= i < len(sizes)):
+            return None
+        start = sum(sizes[:i])
+        return Segment(src.args["input"], src.args["dim"], start, start + sizes[i])
+    if call.op == "slice":
+        a = call.args
+        if a.get("step", 1) == 1 and all(is_int(a[k]) for k in ("dim", "start", "end")) and isinstance(a["input"], fx.Node):
+            return Segment(a["input"], a["dim"], a["start"], max(a["start"], a["end"]))
+    return None
+
+
+def part_of(view: GraphView, value: Any) -> Part | None:
+    """``value`` as one index of another tensor along a removed dim, if it is one."""
+    if not isinstance(value, fx.Node):
+        return None
+    call = view.classify(value)
+    if call is None:
+        return None
+    if call.op == "getitem":
+        src = view.classify(call.args["input"]) if isinstance(call.args["input"], fx.Node) else None
+        if src is not None and src.op == "unbind" and is_int(src.args["dim"]):
+            return Part(src.args["input"], src.args["dim"], call.args["index"])
+        return None
+    if call.op == "select" and is_int(call.args["dim"]) and is_int(call.args["index"]) and call.args["index"] >= 0:
+        return Part(call.args["input"], call.args["dim"], call.args["index"])
+    return None
+
+
+def dim_size(view: GraphView, node: Any, dim: int) -> Any:
+    shape = view.shape(node)
+    return None if shape is None or dim >= len(shape) else shape[dim]
+
+
+def covers(view: GraphView, source: fx.Node, dim: int, start: Any, end: Any) -> bool:
+    """Does ``[start, end)`` span the whole of ``source`` along ``dim``?"""
+    return known_eq(start, 0) and known_eq(end, dim_size(view, source, dim))
+
+
+def adjacent_runs(items: Sequence[Segment | None], dim: int) -> list[tuple[int, int]]:
+    """Maximal ``[i, j)`` index ranges of items that are adjacent segments along ``dim``."""
+    runs: list[tuple[int, int]] = []
+    i = 0
+    while i < len(items):
+        j = i + 1
+        first = items[i]
+        if first is not None and first.dim == dim:
+            while j < len(items):
+                prev, cur = items[j - 1], items[j]
+                if cur is None or cur.source is not first.source or cur.dim != dim or not known_eq(cur.start, prev.end):
+                    break
+                j += 1
+        runs.append((i, j))
+        i = j
+    return runs
+
+
+def same_shape_except(shapes: Sequence[Sequence[Any] | None], dim: int | None) -> bool:
+    """All shapes known, equal rank, and provably equal in every dim but ``dim``."""
+    if not shapes or any(s is None for s in shapes):
+        return False
+    rank = len(shapes[0])
+    for s in shapes[1:]:
+        if len(s) != rank:
+            return False
+        for k in range(rank):
+            if k != dim and not known_eq(s[k], shapes[0][k]):
+                return False
+    return True
+
+
+def emittable_shape(shape: Sequence[Any] | None) -> list[int] | None:
+    """A shape usable as a view/reshape argument: ints, with at most one symbolic size
+    written as ``-1``; ``None`` if that is impossible."""
+    if shape is None:
+        return None
+    out: list[int] = []
+    for s in shape:
+        out.append(s if is_int(s) else -1)
+    return out if out.count(-1) <= 1 else None
+
+
+STACK_SPELLINGS = ("stack", "cat", "view", "reshape")
+
+
+def stack_of(view: GraphView, call: Any) -> tuple[list[Any], int] | None:
+    """``(tensors, dim)`` when the node stacks ``tensors`` along ``dim``, in any spelling.
+
+    ``stack(ts, e)`` (Torch-IR); ``cat([unsqueeze(t, e), ...], e)`` and
+    ``view(cat(ts, e), ts.shape[:e] + [n] + ts.shape[e:])`` (what ``stack`` decomposes
+    into at Aten-IR).
+    """
+    if call is None:
+        return None
+    if call.op == "stack":
+        tensors = call.args.get("tensors")
+        return (list(tensors), call.args["dim"]) if isinstance(tensors, list) and tensors else None
+    if call.op == "cat":
+        tensors, dim = call.args.get("tensors"), call.args["dim"]
+        if not isinstance(tensors, list) or not tensors:
+            return None
+        out = []
+        for t in tensors:
+            u = view.classify(t) if isinstance(t, fx.Node) else None
+            if u is None or u.op != "unsqueeze" or u.args["dim"] != dim:
+                return None
+            out.append(u.args["input"])
+        return out, dim
+    if call.op in ("view", "reshape"):
+        inner = view.classify(call.args["input"]) if isinstance(call.args["input"], fx.Node) else None
+        if inner is None or inner.op != "cat" or not isinstance(inner.args["tensors"], list) or not is_int(inner.args["dim"]):
+            return None
+        tensors, e = inner.args["tensors"], inner.args["dim"]
+        shapes = [view.shape(t) for t in tensors]
+        if not same_shape_except(shapes, None):
+            return None
+        expected = list(shapes[0][:e]) + [len(tensors)] + list(shapes[0][e:])
+        out_shape = view.shape(call.node)
+        if out_shape is None or len(out_shape) != len(expected) or not all(known_eq(a, b) for a, b in zip(out_shape, expected)):
+            return None
+        return list(tensors), e
+    return None
+
+
+def permute_for_movedim(rank: int, src: int, dst: int) -> list[int]:
+    """The permutation equal to ``movedim(src, dst)`` on a tensor of ``rank`` dims."""
+    order = [d for d in range(rank) if d != src]
+    order.insert(dst, src)
+    return order

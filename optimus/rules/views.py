@@ -1,0 +1,137 @@
+"""Chains of view/reshape/permute/squeeze/unsqueeze folded into one op (or none)."""
+
+from __future__ import annotations
+
+from ..core.pattern import ANY, Op, Var
+from ..core.rule import rule
+from ..core.symbolic import known_eq, known_sizes_eq
+from ._facts import emittable_shape
+
+RESHAPES = ("view", "reshape")
+PERMUTES = ("permute", "transpose")
+
+
+def _same_shape_as_input(call, view):
+    return known_sizes_eq(view.shape(call.node), view.shape(call.args["input"]))
+
+
+@rule(Op(RESHAPES, Var("x"), ANY).such_that(_same_shape_as_input), priority=15)
+def remove_identity_reshape(m, b):
+    """A view/reshape to the shape the tensor already has is the tensor.
+
+    x.view(x.shape) -> x
+    """
+    return m.x
+
+
+def _inner_has_one_user(m):
+    """the inner view/reshape has other users"""
+    return len(m.inner.users) == 1
+
+
+@rule(Op(RESHAPES, Op(RESHAPES, Var("x"), ANY).bind("inner"), ANY), where=[_inner_has_one_user], priority=20)
+def fold_reshape_chain(m, b):
+    """Two reshapes in a row are one.
+
+    x.view(a).reshape(b) -> x.reshape(b)      (view(view) stays a view)
+    """
+    shape = emittable_shape(m.shape(m.anchor.node))
+    if shape is None:
+        m.decline("the result shape has more than one symbolic size")
+    both_views = m.anchor.op == "view" and m.call(m.inner).op == "view"
+    return b.view(m.x, shape) if both_views else b.reshape(m.x, shape)
+
+
+def _as_permutation(call, rank):
+    if call.op == "permute":
+        return list(call.args["dims"])
+    order = list(range(rank))
+    d0, d1 = call.args["dim0"], call.args["dim1"]
+    order[d0], order[d1] = order[d1], order[d0]
+    return order
+
+
+def _identity_permutation(call, view):
+    rank = view.rank(call.args["input"])
+    if rank is None:
+        return False
+    try:
+        return _as_permutation(call, rank) == list(range(rank))
+    except (TypeError, IndexError):
+        return False
+
+
+@rule(Op(PERMUTES, Var("x")).such_that(_identity_permutation), priority=15)
+def remove_identity_permute(m, b):
+    """A permutation that keeps every dim in place is the tensor.
+
+    x.permute(0, 1, 2) -> x;  x.transpose(1, 1) -> x
+    """
+    return m.x
+
+
+def _ranks_known(m):
+    """the rank is unknown"""
+    return m.rank(m.x) is not None and len(m.inner.users) == 1
+
+
+@rule(Op(PERMUTES, Op(PERMUTES, Var("x")).bind("inner")), where=[_ranks_known], priority=20)
+def fold_permute_chain(m, b):
+    """Two permutations in a row are one (or none).
+
+    x.permute(p).permute(q) -> x.permute([p[i] for i in q])
+    """
+    rank = m.rank(m.x)
+    first = _as_permutation(m.call(m.inner), rank)
+    second = _as_permutation(m.anchor, rank)
+    composed = [first[i] for i in second]
+    return m.x if composed == list(range(rank)) else b.permute(m.x, composed)
+
+
+def _squeezes_the_unsqueezed_dim(m):
+    """the squeeze does not remove exactly the dim the unsqueeze added"""
+    return m.dims == (m.dim,)
+
+
+@rule(Op("squeeze", Op("unsqueeze", Var("x"), Var("dim")), Var("dims")), where=[_squeezes_the_unsqueezed_dim], priority=15)
+def cancel_unsqueeze_squeeze(m, b):
+    """Removing the dim just added is the identity.
+
+    x.unsqueeze(d).squeeze(d) -> x
+    """
+    return m.x
+
+
+def _unsqueezes_the_squeezed_dim(m):
+    """the unsqueeze does not restore the single dim the squeeze removed"""
+    shape = m.shape(m.x)
+    return m.dims == (m.dim,) and shape is not None and m.dim < len(shape) and known_eq(shape[m.dim], 1)
+
+
+@rule(Op("unsqueeze", Op("squeeze", Var("x"), Var("dims")), Var("dim")), where=[_unsqueezes_the_squeezed_dim], priority=15)
+def cancel_squeeze_unsqueeze(m, b):
+    """Restoring a size-1 dim just removed is the identity.
+
+    x.squeeze(d).unsqueeze(d) -> x      (x.shape[d] == 1)
+    """
+    return m.x
+
+
+def _inserted_unit_dim(call, view):
+    """Position where a reshape only inserts one size-1 dim, else None."""
+    src, out = view.shape(call.args["input"]), view.shape(call.node)
+    if src is None or out is None or len(out) != len(src) + 1:
+        return None
+    for p in range(len(out)):
+        if known_eq(out[p], 1) and known_sizes_eq(list(out[:p]) + list(out[p + 1 :]), src):
+            return p
+    return None
+
+
+@rule(Op(RESHAPES, Var("x"), ANY).such_that(lambda call, view: _inserted_unit_dim(call, view) is not None), kind="canonicalize", priority=5)
+def reshape_to_unsqueeze(m, b):
+    """A reshape that only inserts a size-1 dim is an unsqueeze (so stack patterns see it).
+
+    x.view(B, 1, W) -> x.unsqueeze(1)      (x: (B, W))
+    """
+    return b.unsqueeze(m.x, _inserted_unit_dim(m.anchor, m.view))
