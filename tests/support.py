@@ -48,7 +48,8 @@ class LevelRun:
     level: str = "torch_ir"
 
 
-def run_level(fn: Callable[..., Any], inputs: list[torch.Tensor], level: str, passes: Any = "all", dynamic: bool = False, grad: bool = True) -> LevelRun:
+def run_level(fn: Callable[..., Any], inputs: list[torch.Tensor], level: str, passes: Any = "all", dynamic: bool | str = False, grad: bool = True) -> LevelRun:
+    """``dynamic``: False (static), True (every size symbolic), "batch" (first input's dim 0)."""
     torch._dynamo.reset()
     graphs: list[fx.GraphModule] = []
     reports: list[Report] = []
@@ -83,15 +84,17 @@ def run_level(fn: Callable[..., Any], inputs: list[torch.Tensor], level: str, pa
         )
     else:
         raise ValueError(level)
-    compiled = torch.compile(fn, backend=backend, fullgraph=True, dynamic=dynamic)
-    outputs, grads = _run(compiled, inputs, grad)
+    compiled = torch.compile(fn, backend=backend, fullgraph=True, dynamic=True if dynamic is True else None)
+    outputs, grads = _run(compiled, inputs, grad, batch_dynamic=dynamic == "batch")
     run = LevelRun(outputs, grads, graphs, reports)
     run.level = level
     return run
 
 
-def _run(fn: Callable[..., Any], inputs: list[torch.Tensor], grad: bool = True) -> tuple[Any, list[torch.Tensor | None]]:
+def _run(fn: Callable[..., Any], inputs: list[torch.Tensor], grad: bool = True, batch_dynamic: bool = False) -> tuple[Any, list[torch.Tensor | None]]:
     args = [t.detach().clone().requires_grad_(grad and t.is_floating_point()) for t in inputs]
+    if batch_dynamic:  # only the first input's leading dim is symbolic
+        torch._dynamo.mark_dynamic(args[0], 0)
     out = fn(*args)
     leaves = [o for o in torch.utils._pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
     if leaves:
@@ -112,7 +115,7 @@ def assert_close_tree(a: Any, b: Any, rtol: float = 1e-5, atol: float = 1e-6) ->
             assert x == y
 
 
-def check_level(fn: Callable[..., Any], inputs: list[torch.Tensor], level: str, passes: Any = "all", dynamic: bool = False, grad: bool = True) -> LevelRun:
+def check_level(fn: Callable[..., Any], inputs: list[torch.Tensor], level: str, passes: Any = "all", dynamic: bool | str = False, grad: bool = True) -> LevelRun:
     """Run at ``level`` and assert outputs and input gradients equal eager's."""
     expected_out, expected_grads = _run(fn, inputs, grad)
     run = run_level(fn, inputs, level, passes, dynamic, grad)

@@ -57,8 +57,14 @@ class Driver:
         self.view = view
         self.graph = view.graph
         self.report = report
+        from .group import GroupRule
+
         self.by_anchor: dict[str, list[tuple[Rule, dict[str, Any]]]] = collections.defaultdict(list)
+        self.group_rules: list[tuple[GroupRule, dict[str, Any]]] = []
         for rule, options in rules:
+            if isinstance(rule, GroupRule):
+                self.group_rules.append((rule, options))
+                continue
             for anchor in rule.anchors:
                 self.by_anchor[anchor].append((rule, options))
         n = len(self.graph.nodes)
@@ -73,8 +79,71 @@ class Driver:
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> None:
+        """Local rules to a fixpoint; then group (horizontal) rules over the whole graph,
+        each round followed by local rules again, which remove the glue they add."""
         self._remove_dead_code_upfront()
         self._enqueue(self.graph.nodes)
+        self._fixpoint()
+        for _round in range(8):
+            if not self.group_rules or self.rewrites >= self.max_rewrites:
+                break
+            fused = sum(self._run_group_rule(rule, options) for rule, options in self.group_rules)
+            if not fused:
+                break
+            self._fixpoint()
+
+    def _run_group_rule(self, rule: Any, options: dict[str, Any]) -> int:
+        from .group import find_groups
+
+        stats = self.report.stats(rule.name)
+
+        def excluded(node: fx.Node) -> str | None:
+            for n in [node, *node.all_input_nodes]:
+                if self.alias.is_mutated(n):
+                    return f"touches {n.name}, which aliases a tensor mutated in place"
+            return None
+
+        fused = 0
+        for group in find_groups(self.view, rule, options, excluded, lambda n, r: stats.decline(n.name, r)):
+            if self.rewrites >= self.max_rewrites:
+                break
+            fused += self._try_group(rule, group, stats)
+        return fused
+
+    def _try_group(self, rule: Any, group: Any, stats: RuleStats) -> bool:
+        if any(n._erased for n in group.nodes):
+            return False
+        # Earlier fusions this round may have rewired the members' inputs: read them again.
+        fresh = [self.view.classify(n) for n in group.nodes]
+        if any(c is None or rule.key(c, self.view) != group.key for c in fresh):
+            return False
+        group.members = fresh
+        anchor = max(group.nodes, key=lambda n: n._sort_key)
+        t0 = time.perf_counter()
+        builder: Builder | None = None
+        try:
+            reason = rule.conditions_fail(group)
+            if reason:
+                raise Decline(reason)
+            builder = Builder(self.view, anchor)
+            pairs = self._pairs(rule.group_replace(group, builder), anchor)
+            early = self._validate(pairs, builder)
+            self._commit(rule, anchor, pairs, builder, stats, early)
+            return True
+        except Decline as d:
+            self._discard(builder)
+            for n in group.nodes:
+                stats.decline(n.name, d.reason)
+            return False
+        except Exception as e:  # a broken rule never takes the compile down
+            self._discard(builder)
+            stats.errors.append(f"group of {len(group.nodes)} at {anchor.name}: {type(e).__name__}: {e}")
+            log.warning("optimus: rule %s failed on a group at %s and was rolled back: %s", rule.name, anchor.name, e)
+            return False
+        finally:
+            stats.time_s += time.perf_counter() - t0
+
+    def _fixpoint(self) -> None:
         while self._queue:
             node = self._queue.popleft()
             self._queued.discard(node)

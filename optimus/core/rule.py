@@ -136,12 +136,18 @@ class Builder:
         node = self.emit("split", input, list(sizes), dim)
         return [self.emit("getitem", node, i) for i in range(len(sizes))]
 
+    def stack(self, tensors: Sequence[Any], dim: int) -> fx.Node:
+        """``stack`` where the level has it, else its decomposition ``cat`` of ``unsqueeze``s."""
+        if self.graph_view.can_emit("stack"):
+            return self.emit("stack", list(tensors), dim)
+        return self.emit("cat", [self.emit("unsqueeze", t, dim) for t in tensors], dim)
+
     def unbind(self, input: Any, dim: int) -> list[fx.Node]:
         shape = self.graph_view.shape(input)
-        if shape is None:
-            raise ValueError("unbind needs a known shape")
+        if shape is None or not isinstance(shape[dim], int):
+            raise Decline("unbind along a dim of unknown or symbolic size")
         node = self.emit("unbind", input, dim)
-        return [self.emit("getitem", node, i) for i in range(int(shape[dim]))]
+        return [self.emit("getitem", node, i) for i in range(shape[dim])]
 
     def constant(self, values: Sequence[float], shape: Sequence[int], dtype: Any, device: Any) -> fx.Node:
         """A constant tensor as a node of this level (e.g. per-chunk scalars as one vector).

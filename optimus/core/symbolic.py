@@ -50,3 +50,14 @@ def known_sum(values: Sequence[Any]) -> Any:
     for v in values:
         total = total + v
     return total
+
+
+def size_hint(value: Any) -> int:
+    """An int for a size without adding a guard: the value, or a SymInt's example hint
+    (for cost estimates only; never for decisions that change results)."""
+    if isinstance(value, int):
+        return value
+    if isinstance(value, torch.SymInt):
+        hint = getattr(value.node, "hint", None)
+        return int(hint) if hint is not None else 0
+    return 0

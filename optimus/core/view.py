@@ -223,11 +223,19 @@ class GraphView:
             raise KeyError(f"unknown canonical op {op!r}")
         return SCHEMAS[op]
 
+    def can_emit(self, op: str) -> bool:
+        """Whether this level has ``op`` as a real op (Aten-IR has no ``stack``: it is decomposed)."""
+        return True
+
     def emit(self, op: str, args: dict[str, Any]) -> fx.Node:
         """Create a node for canonical ``op`` at the graph's insertion point, with metadata."""
         kind, target, pargs, kwargs = self._emit_target(op, args)
         node = self.graph.create_node(kind, target, tuple(pargs), kwargs)
-        self.infer_meta(node)
+        try:
+            self.infer_meta(node)
+        except BaseException:
+            self.graph.erase_node(node)  # never leave a half-made node behind
+            raise
         return node
 
     def _emit_target(self, op: str, args: dict[str, Any]) -> tuple[str, Any, list[Any], dict[str, Any]]:

@@ -4,5 +4,5 @@ Importing this package registers them. One module per family; each rule is a fun
 named after the rewrite it performs, with a docstring showing before -> after.
 """
 
-from . import canonical, inverse, pointwise, slices, split_cat, unbind_stack, views  # noqa: F401
+from . import canonical, horizontal, inverse, pointwise, slices, split_cat, unbind_stack, views  # noqa: F401
 from ..inductor_ir import rules as _inductor_ir_rules  # noqa: F401

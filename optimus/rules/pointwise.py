@@ -18,7 +18,7 @@ import torch.fx as fx
 from ..core.pattern import ANY, Op, Var
 from ..core.rule import rule
 from ..core.symbolic import known_sizes_eq
-from ..core.view import num_outputs
+from ..core.view import is_int, num_outputs
 from ..core.pattern import same_value
 from ..core.vocab import BINARY_POINTWISE, is_pointwise
 from ._facts import same_shape_except
@@ -148,7 +148,9 @@ def _merge_argument(m, b, op, name, values):
         if m.dtype(m.x) not in (torch.float32, torch.float64) or len({type(v) for v in values}) != 1:
             m.decline("per-chunk scalars: a constant vector is exact only for float32/64 tensors and one Python type")
         rank = m.rank(m.x)
-        sizes = [int(m.shape(g[0])[m.dim]) for _, g in sorted(m.getitems(m.split).items())]
+        sizes = [m.shape(g[0])[m.dim] for _, g in sorted(m.getitems(m.split).items())]
+        if not all(is_int(n) for n in sizes):
+            m.decline("per-chunk scalars along a dim of symbolic size")
         vec = [float(v) for v, n in zip(values, sizes) for _ in range(n)]
         return b.constant(vec, [len(vec)] + [1] * (rank - 1 - m.dim), m.dtype(m.x), m.view.device(m.x))
     m.decline(f"per-chunk values of {name!r} mix scalars and tensors, or differ")
@@ -242,3 +244,16 @@ def sink_pointwise_into_cat(m, b):
     prefers; on its own it only helps when the inputs' producers can fuse the op.
     """
     return b.cat([b.emit(m.anchor.op, t) for t in m.tensors], m.dim)
+
+
+def _inactive(call, view):
+    return call.args.get("training") is False or call.args.get("p") == 0
+
+
+@rule(Op("dropout", Var("x"), ANY, ANY).such_that(_inactive), priority=15)
+def remove_inactive_dropout(m, b):
+    """Dropout that drops nothing (eval mode, or p == 0) is its input.
+
+    dropout(x, p, training=False) -> x
+    """
+    return m.x

@@ -1,0 +1,291 @@
+"""Horizontal rules: N independent, identical ops become one batched op.
+
+Each rule is a ``group_rule``: a ``key`` (what must match for ops to merge: op,
+shapes, dtypes, devices, every other argument), a profitability condition, and a
+replacement that stacks the members' operands, runs one op, and unbinds the result. The
+stacks and unbinds it adds are glue that the vertical rules remove where the operands
+already lie side by side in one tensor (chunks of a split, parts of an unbind).
+See docs/horizontal.md for the grouping algorithm.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Hashable
+
+import torch.fx as fx
+
+from ..core.group import Group, group_rule
+from ..core.view import GraphView, is_int
+from ..core.vocab import POINTWISE, Call, ParamRef
+from ._facts import emittable_shape, part_of, segment_of
+
+MAX_STACK_BYTES = 256 * 2**20
+
+
+# ------------------------------------------------------------------------ helpers
+def _sig(view: GraphView, value: Any) -> Hashable:
+    """What must agree between members for one operand: its kind, shape, dtype, device."""
+    if isinstance(value, ParamRef):
+        value = view.gm.get_parameter(value.target)
+        return ("param", tuple(value.shape), str(value.dtype), str(value.device))
+    if isinstance(value, fx.Node):
+        v = view.tensor_val(value)
+        if v is None:
+            return None
+        return ("tensor", tuple(str(s) for s in v.shape), str(v.dtype), str(v.device))
+    if isinstance(value, (list, tuple)):
+        return ("seq", tuple(_sig(view, x) for x in value))
+    return ("const", repr(value))
+
+
+def _stack_is_free(view: GraphView, items: list[Any]) -> bool:
+    """Stacking ``items`` along a new dim 0 costs no copy once vertical rules run: they
+    are the same node, or consecutive parts / equal adjacent ranges of one tensor."""
+    if all(i is items[0] for i in items):
+        return True
+    parts = [part_of(view, i) for i in items]
+    if all(p is not None for p in parts) and len({id(p.source) for p in parts}) == 1:
+        return [p.index for p in parts] == list(range(parts[0].index, parts[0].index + len(parts)))
+    segs = [segment_of(view, i) for i in items]
+    if all(s is not None for s in segs) and len({(id(s.source), s.dim) for s in segs}) == 1:
+        sizes = {s.end - s.start for s in segs}
+        return len(sizes) == 1 and all(a.end == b.start for a, b in zip(segs, segs[1:]))
+    return False
+
+
+def _launch_count(g: Group, operand_lists: list[list[Any]]) -> tuple[int, int]:
+    """(kernels before, kernels after) for a fusion stacking ``operand_lists``."""
+    copies = sum(0 if _stack_is_free(g.view, ops) else 1 for ops in operand_lists)
+    return len(g.members), 1 + copies
+
+
+def _stacked_bytes(g: Group, operand_lists: list[list[Any]]) -> int:
+    return sum(sum(g.nbytes(o) for o in ops) for ops in operand_lists if not _stack_is_free(g.view, ops))
+
+
+def _profitable(g: Group, operand_lists: list[list[Any]]) -> None:
+    before, after = _launch_count(g, operand_lists)
+    if after >= before:
+        g.decline(f"not profitable: {before} kernels would become {after} (stack copies included)")
+    limit = g.options.get("max_stack_bytes", MAX_STACK_BYTES)
+    size = _stacked_bytes(g, operand_lists)
+    if size > limit:
+        g.decline(f"not profitable: would stack {size} bytes (> max_stack_bytes={limit})")
+
+
+def _unbind_results(g: Group, b: Any, stacked_result: fx.Node) -> dict[fx.Node, fx.Node]:
+    outs = b.unbind(stacked_result, 0)
+    return {c.node: o for c, o in zip(g.members, outs)}
+
+
+def _broadcast_stack(g: Group, b: Any, values: list[Any], rank: int) -> Any:
+    """Members' operand for the batched op: shared as is, else stacked and lined up with
+    the stacked input (rank ``rank`` + 1) so it broadcasts per member as before."""
+    if all(v is values[0] for v in values):
+        return values[0]
+    stacked = b.stack([b.value(v) for v in values], 0)
+    k = len(g.shape(values[0]) or ())
+    for _ in range(rank - k):
+        stacked = b.unsqueeze(stacked, 1)
+    return stacked
+
+
+# --------------------------------------------------------------------------- linear
+def _linear_key(call: Call, view: GraphView) -> Hashable:
+    x, w, bias = call.args["input"], call.args["weight"], call.args.get("bias")
+    rank = view.rank(x)
+    if rank is None or rank < 2 or not isinstance(w, (fx.Node, ParamRef)):
+        return None
+    if emittable_shape(view.shape(x)) is None:
+        return None
+    return ("linear", _sig(view, x), _sig(view, w), bias is not None and _sig(view, bias))
+
+
+@group_rule("linear", key=_linear_key, priority=110, options={"min_group": 2, "max_stack_bytes": MAX_STACK_BYTES})
+def batch_linear(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
+    """Linears of identical shapes on different inputs become one batched matmul.
+
+    [linear(x_i, w_i, b_i)] -> unbind(baddbmm(stack(b_i)[:, None], stack(x_i), stack(w_i).mT))
+    """
+    xs = [c.input for c in g.members]
+    ws = [c.args["weight"] for c in g.members]
+    bs = [c.args.get("bias") for c in g.members]
+    has_bias = bs[0] is not None
+    _profitable(g, [xs, ws] + ([bs] if has_bias else []))
+    shape = emittable_shape(g.shape(xs[0]))
+    k, n = shape[-1], g.shape(ws[0])[0] if isinstance(ws[0], fx.Node) else g.view.gm.get_parameter(ws[0].target).shape[0]
+    if not is_int(n) or k == -1:
+        g.decline("weights of symbolic size")
+    x = b.stack(xs, 0)
+    if len(shape) != 2:
+        x = b.reshape(x, [len(xs), -1, k])
+    wt = b.permute(b.stack([b.value(w) for w in ws], 0), [0, 2, 1])
+    if has_bias:
+        bias = b.unsqueeze(b.stack([b.value(v) for v in bs], 0), 1)
+        # baddbmm's shape function needs concrete sizes; with a symbolic batch: bmm + add
+        y = b.baddbmm(bias, x, wt) if -1 not in shape else b.add(b.bmm(x, wt), bias)
+    else:
+        y = b.bmm(x, wt)
+    if len(shape) != 2:
+        y = b.reshape(y, [len(xs)] + shape[:-1] + [n])
+    return _unbind_results(g, b, y)
+
+
+def _linear_lhs_key(call: Call, view: GraphView) -> Hashable:
+    x, w, bias = call.args["input"], call.args["weight"], call.args.get("bias")
+    if not isinstance(x, fx.Node) or not isinstance(w, (fx.Node, ParamRef)):
+        return None
+    if len(x.users) < 2:
+        return None  # nothing else reads this input
+    wsig = _sig(view, w)
+    if wsig is None or len(wsig[1]) != 2:
+        return None
+    return ("linear_lhs", id(x), wsig[1][1], wsig[2], wsig[3], bias is not None)
+
+
+@group_rule("linear", key=_linear_lhs_key, priority=105, options={"min_group": 2, "max_stack_bytes": MAX_STACK_BYTES})
+def batch_linear_lhs(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
+    """Linears reading the same input become one linear on concatenated weights.
+
+    [linear(x, w_i, b_i)] -> split(linear(x, cat(w_i), cat(b_i)), [n_i], -1)
+    """
+    x = g.members[0].input
+    ws = [b.value(c.args["weight"]) for c in g.members]
+    bs = [c.args.get("bias") for c in g.members]
+    before, after = len(g.members), 2 + (bs[0] is not None)
+    if after >= before:
+        g.decline(f"not profitable: {before} kernels would become {after} (weight concatenation included)")
+    widths = [g.shape(w)[0] for w in ws]
+    if not all(is_int(w) for w in widths):
+        g.decline("weights of symbolic size")
+    weight = b.cat(ws, 0)
+    bias = b.cat([b.value(v) for v in bs], 0) if bs[0] is not None else None
+    if g.view.can_emit("linear"):
+        y = b.linear(x, weight, bias)
+    else:
+        y = b.mm(x, b.permute(weight, [1, 0])) if bias is None else b.addmm(bias, x, b.permute(weight, [1, 0]))
+    outs = b.split(y, widths, g.view.rank(x) - 1)
+    return {c.node: o for c, o in zip(g.members, outs)}
+
+
+# ----------------------------------------------------------------------- layer_norm
+def _layer_norm_key(call: Call, view: GraphView) -> Hashable:
+    a = call.args
+    if view.rank(a["input"]) is None or emittable_shape(view.shape(a["input"])) is None:
+        return None
+    return ("layer_norm", _sig(view, a["input"]), tuple(a["normalized_shape"]), a["eps"], _sig(view, a["weight"]), _sig(view, a["bias"]))
+
+
+@group_rule("layer_norm", key=_layer_norm_key, levels=("torch_ir",), priority=120, options={"min_group": 2, "max_stack_bytes": MAX_STACK_BYTES})
+def batch_layer_norm(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
+    """LayerNorms of one normalized shape become one LayerNorm plus one affine.
+
+    [layer_norm(x_i, s, w_i, b_i, eps)] -> unbind(layer_norm(stack(x_i), s, eps) * stack(w_i) + stack(b_i))
+    """
+    a0 = g.members[0].args
+    xs = [c.input for c in g.members]
+    ws = [c.args["weight"] for c in g.members]
+    bs = [c.args["bias"] for c in g.members]
+    lists = [xs] + ([ws] if ws[0] is not None else []) + ([bs] if bs[0] is not None else [])
+    _profitable(g, lists)
+    rank = g.view.rank(xs[0])
+    x = b.stack(xs, 0)
+    y = b.layer_norm(x, list(a0["normalized_shape"]), None, None, a0["eps"])
+    norm_rank = len(a0["normalized_shape"])
+    if ws[0] is not None:
+        y = b.mul(y, _affine_stack(g, b, ws, rank, norm_rank))
+    if bs[0] is not None:
+        y = b.add(y, _affine_stack(g, b, bs, rank, norm_rank))
+    return _unbind_results(g, b, y)
+
+
+def _affine_stack(g: Group, b: Any, params: list[Any], rank: int, norm_rank: int) -> Any:
+    stacked = b.stack([b.value(p) for p in params], 0)  # (G, *normalized_shape)
+    for _ in range(rank - norm_rank):
+        stacked = b.unsqueeze(stacked, 1)
+    return stacked
+
+
+# ------------------------------------------------------------------------ pointwise
+BATCHABLE_POINTWISE = tuple(sorted(POINTWISE | {"dropout"}))
+
+
+def _pointwise_key(call: Call, view: GraphView) -> Hashable:
+    a = call.args
+    x = a.get("input")
+    if not isinstance(x, fx.Node) or view.rank(x) is None:
+        return None
+    if call.op == "dropout" and a.get("training") and a.get("p", 0) > 0:
+        return None  # random: batching would draw different numbers than the members did
+    parts = [call.op]
+    for name in sorted(a):
+        v = a[name]
+        sig = _sig(view, v)
+        if sig is None:
+            return None
+        parts.append((name, sig))
+    out = view.tensor_val(call.node)
+    if out is None or tuple(str(s) for s in out.shape) != _sig(view, x)[1]:
+        return None  # the op broadcasts its input: members would not line up
+    return tuple(parts)
+
+
+@group_rule(BATCHABLE_POINTWISE, key=_pointwise_key, priority=130, options={"min_group": 3, "max_stack_bytes": MAX_STACK_BYTES})
+def batch_pointwise(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
+    """Identical elementwise ops on different tensors become one op on their stack.
+
+    [f(x_i, o_i, alpha=a)] -> unbind(f(stack(x_i), stack(o_i), alpha=a))
+    Every argument is kept: scalars and options must agree, tensors are stacked (or
+    shared), so alpha, rounding_mode, clamp bounds, nan_to_num values and the like stay.
+    """
+    names = [k for k, v in g.members[0].args.items() if isinstance(v, fx.Node)]
+    lists = [[c.args[k] for c in g.members] for k in names]
+    if not _stack_is_free(g.view, lists[names.index("input")]):
+        g.decline("inputs are separate tensors: stacking them is a copy, and Inductor already fuses elementwise ops into their producers")
+    _profitable(g, lists)
+    rank = g.view.rank(g.members[0].input)
+    args = dict(g.members[0].args)
+    for k, values in zip(names, lists):
+        args[k] = b.stack(values, 0) if k == "input" else _broadcast_stack(g, b, values, rank)
+    if g.op == "dropout":
+        args["training"] = False  # only non-random dropouts are grouped (see the key)
+    return _unbind_results(g, b, b.emit(g.op, **args))
+
+
+# --------------------------------------------------------------------- mm / addmm
+def _mm_key(call: Call, view: GraphView) -> Hashable:
+    a = call.args
+    if any(not isinstance(a[k], fx.Node) for k in ("input", "mat2")):
+        return None
+    sigs = tuple(_sig(view, a[k]) for k in ("bias", "input", "mat2") if k in a)
+    if any(s is None for s in sigs):
+        return None
+    return (call.op, sigs, a.get("beta", 1), a.get("alpha", 1))
+
+
+@group_rule(("mm", "addmm"), key=_mm_key, levels=("aten_ir",), priority=110, options={"min_group": 2, "max_stack_bytes": MAX_STACK_BYTES})
+def batch_mm(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
+    """Matmuls of identical shapes become one batched matmul (Aten-IR, forward and backward).
+
+    [mm(a_i, b_i)]          -> unbind(bmm(stack(a_i), stack(b_i)))
+    [addmm(c_i, a_i, b_i)]  -> unbind(baddbmm(stack(c_i), stack(a_i), stack(b_i)))
+    """
+    a = [c.input for c in g.members]
+    m2 = [c.args["mat2"] for c in g.members]
+    lists = [a, m2]
+    if g.op == "addmm":
+        lists.append([c.args["bias"] for c in g.members])
+    _profitable(g, lists)
+    x, w = b.stack(a, 0), b.stack(m2, 0)
+    if g.op == "mm":
+        return _unbind_results(g, b, b.bmm(x, w))
+    bias = b.stack(lists[2], 0)
+    if g.view.rank(lists[2][0]) == 1:
+        bias = b.unsqueeze(bias, 1)
+    a0 = g.members[0].args
+    return _unbind_results(g, b, b.baddbmm(bias, x, w, a0.get("beta", 1), a0.get("alpha", 1)))
+
+
+def _is_static(view: GraphView, node: Any) -> bool:
+    shape = view.shape(node)
+    return shape is not None and all(is_int(s) for s in shape)
