@@ -239,6 +239,10 @@ class AtenIRView(GraphView):
         node.meta[self.meta_key] = self.value_of_tensor(t)
         return node
 
+    def can_emit(self, op: str) -> bool:
+        # Inductor decomposes these before post-grad passes and has no lowering for them.
+        return op not in ("stack", "linear", "layer_norm", "matmul", "einsum", "unflatten", "movedim", "flatten")
+
     def schema_of(self, op: str) -> tuple[str, ...]:
         target = GENERIC_POINTWISE.get(op)
         if target is not None:

@@ -339,7 +339,11 @@ class TorchIRView(GraphView):
         # torch.tensor(...) in the pre-grad graph becomes a lifted constant under AOTAutograd.
         with self.graph.inserting_before(before):
             node = self.graph.call_function(torch.tensor, (t.tolist(),), {"dtype": t.dtype, "device": t.device})
-        self.infer_meta(node)
+        try:
+            self.infer_meta(node)
+        except BaseException:
+            self.graph.erase_node(node)
+            raise
         return node
 
     # -------------------------------------------------------------- side effects
