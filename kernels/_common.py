@@ -1,0 +1,129 @@
+"""Shared helpers for optimus.kernels: Triton availability, backend choice, small utilities.
+
+Nothing in this module imports Triton at import time, so ``optimus.kernels`` imports cleanly on a
+machine without CUDA and without Triton.  The Triton kernel modules (``*_kernel.py``) are imported
+lazily, the first time a Triton launch is needed (:func:`triton_module`).  That also decides
+whether they run compiled or in Triton's CPU interpreter: ``triton.jit`` reads ``TRITON_INTERPRET``
+when a kernel is *defined*, so the environment at first use is what counts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from typing import Optional
+
+import torch
+
+__all__ = [
+    "ACTIVATIONS",
+    "activation_code",
+    "set_backend",
+    "get_backend",
+    "triton_available",
+    "interpret_mode",
+    "use_triton",
+    "triton_module",
+    "num_sms",
+    "next_pow2",
+    "cdiv",
+]
+
+# activation name -> code used by the kernels (constexpr ACT)
+ACTIVATIONS = {"none": 0, "relu": 1, "gelu": 2, "silu": 3, "sigmoid": 4, "tanh": 5}
+# activations whose derivative needs the pre-activation z (saved by the forward);
+# the others differentiate from the output y.
+NEEDS_PREACT = ("gelu", "silu")
+USES_OUTPUT = ("relu", "sigmoid", "tanh")
+
+_BACKENDS = ("auto", "triton", "torch")
+_backend = os.environ.get("OPTIMUS_KERNELS_BACKEND", "auto")
+if _backend not in _BACKENDS:  # pragma: no cover - bad env var
+    _backend = "auto"
+
+_triton_ok: Optional[bool] = None
+
+
+def activation_code(activation) -> str:
+    """Normalise the ``activation`` argument to one of ``ACTIVATIONS``' names."""
+    if activation is None:
+        return "none"
+    if not isinstance(activation, str) or activation.lower() not in ACTIVATIONS:
+        raise ValueError(
+            f"activation must be None or one of {sorted(k for k in ACTIVATIONS if k != 'none')}, "
+            f"got {activation!r}"
+        )
+    return activation.lower()
+
+
+def set_backend(name: str) -> None:
+    """Choose the implementation used by the public functions and the custom ops.
+
+    ``"auto"`` (default): Triton on CUDA tensors (and on CPU tensors when ``TRITON_INTERPRET=1``),
+    plain torch otherwise.  ``"triton"``: always Triton (CPU tensors need ``TRITON_INTERPRET=1``).
+    ``"torch"``: always the plain-torch implementation.  The environment variable
+    ``OPTIMUS_KERNELS_BACKEND`` sets the initial value.
+    """
+    global _backend
+    if name not in _BACKENDS:
+        raise ValueError(f"backend must be one of {_BACKENDS}, got {name!r}")
+    _backend = name
+
+
+def get_backend() -> str:
+    return _backend
+
+
+def triton_available() -> bool:
+    """True when the ``triton`` package can be imported (checked once, without importing it)."""
+    global _triton_ok
+    if _triton_ok is None:
+        try:
+            _triton_ok = importlib.util.find_spec("triton") is not None
+        except (ImportError, ValueError):  # pragma: no cover
+            _triton_ok = False
+    return _triton_ok
+
+
+def interpret_mode() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False")
+
+
+def use_triton(device: torch.device) -> bool:
+    """Whether tensors on ``device`` go through the Triton kernels."""
+    if _backend == "torch" or not triton_available():
+        return False
+    if device.type == "cuda":
+        return True
+    if device.type == "cpu":
+        return interpret_mode()
+    return False
+
+
+def triton_module(name: str):
+    """Import a Triton kernel module of this package lazily (``name`` without the leading dot)."""
+    return importlib.import_module("." + name, __package__)
+
+
+_sms: dict = {}
+
+
+def num_sms(device: torch.device) -> int:
+    """Number of streaming multiprocessors of ``device`` (a small number in interpreter mode)."""
+    if device.type != "cuda":
+        return 2
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    n = _sms.get(idx)
+    if n is None:
+        n = _sms[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return n
+
+
+def next_pow2(n: int) -> int:
+    n = int(n)
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
