@@ -44,11 +44,58 @@ def synthetic_graph(target_nodes: int, width: int = 8, seed: int = 0) -> tuple[f
 _getitem = operator.getitem
 
 
+def tower_graph(target_nodes: int, candidates: int, features: int = 10, width: int = 8) -> tuple[fx.GraphModule, list[torch.Tensor]]:
+    """Layers of per-feature linears (the horizontal candidates) between filler chains of
+    elementwise ops, ``candidates`` linears in a graph of about ``target_nodes`` nodes."""
+    layers = max(1, candidates // features)
+    per_layer = max(0, (target_nodes - layers * (4 * features + 2)) // layers)
+    g = fx.Graph()
+    x = g.placeholder("x")
+    inputs = [torch.randn(4, features * width)]
+    weights = []
+    for i in range(layers * features):
+        weights.append(g.placeholder(f"w{i}"))
+        inputs.append(torch.randn(width, width))
+    for layer in range(layers):
+        sp = g.call_function(torch.split, (x, width, 1))
+        outs = []
+        for f in range(features):
+            chunk = g.call_function(_getitem, (sp, f))
+            y = g.call_function(torch.nn.functional.linear, (chunk, weights[layer * features + f]))
+            outs.append(g.call_function(torch.tanh, (y,)))
+        x = g.call_function(torch.cat, (outs, 1))
+        for _ in range(per_layer):  # filler: work the rules leave alone
+            x = g.call_function(torch.sin, (x,))
+    g.output(x)
+    return fx.GraphModule(torch.nn.Module(), g), inputs
+
+
+def measure_horizontal(nodes: int, candidates: int, repeats: int = 3) -> dict:
+    import optimus
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    optimus.resolve("all")  # import the rules before timing
+    times, results = [], None
+    for _ in range(repeats):
+        gm, inputs = tower_graph(nodes, candidates)
+        FakeTensorProp(gm, FakeTensorMode()).propagate(*inputs)
+        before = len(gm.graph.nodes)
+        t0 = time.perf_counter()
+        optimus.optimize(gm, passes="horizontal", level="torch_ir")
+        times.append(time.perf_counter() - t0)
+        report = optimus.last_report().graphs[0]
+        groups = report.rules["batch_linear"].matched if "batch_linear" in report.rules else 0
+        results = {"nodes_before": before, "nodes_after": len(gm.graph.nodes), "candidates": candidates, "linear_groups": groups}
+    return {**results, "median_s": round(statistics.median(times), 3), "times_s": [round(t, 3) for t in times]}
+
+
 def measure(nodes: int, repeats: int = 3) -> dict:
     import optimus
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
+    optimus.resolve("all")  # import the rules before timing
     times, results = [], None
     for r in range(repeats):
         gm, x = synthetic_graph(nodes)
@@ -67,17 +114,24 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, nargs="+", default=[1000, 10000, 20000])
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--horizontal", type=int, metavar="CANDIDATES", default=None,
+                   help="time horizontal grouping instead: per-feature linears (this many) in graphs of --nodes nodes")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    if args.horizontal is not None:
+        rows = [measure_horizontal(n, args.horizontal, args.repeats) for n in args.nodes]
+        print(json.dumps({"torch": torch.__version__, "rows": rows}, indent=2) if args.json else _table(rows, "linear_groups"))
+        return 0
     rows = [measure(n, args.repeats) for n in args.nodes]
-    if args.json:
-        print(json.dumps({"torch": torch.__version__, "rows": rows}, indent=2))
-    else:
-        print(f"torch {torch.__version__}")
-        print(f"{'nodes before':>13}{'after':>8}{'rewrites':>10}{'median s':>10}  all runs")
-        for r in rows:
-            print(f"{r['nodes_before']:>13}{r['nodes_after']:>8}{r['rewrites']:>10}{r['median_s']:>10.3f}  {r['times_s']}")
+    print(json.dumps({"torch": torch.__version__, "rows": rows}, indent=2) if args.json else _table(rows, "rewrites"))
     return 0
+
+
+def _table(rows: list[dict], count: str) -> str:
+    lines = [f"torch {torch.__version__}", f"{'nodes before':>13}{'after':>8}{count:>15}{'median s':>10}  all runs"]
+    for r in rows:
+        lines.append(f"{r['nodes_before']:>13}{r['nodes_after']:>8}{r[count]:>15}{r['median_s']:>10.3f}  {r['times_s']}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,14 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 
 
+def pytest_configure(config):
+    # An Inductor cache of this session's own: results never depend on what earlier runs
+    # left in ~/.cache (or /tmp), and CI starts cold like a fresh machine.
+    import tempfile
+
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="optimus-tests-inductor-"))
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

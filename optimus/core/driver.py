@@ -87,13 +87,15 @@ class Driver:
         for _round in range(8):
             if not self.group_rules or self.rewrites >= self.max_rewrites:
                 break
-            fused = sum(self._run_group_rule(rule, options) for rule, options in self.group_rules)
+            fused = 0
+            for rule, options in self.group_rules:
+                fused += self._run_group_rule(rule, options)
             if not fused:
                 break
             self._fixpoint()
 
     def _run_group_rule(self, rule: Any, options: dict[str, Any]) -> int:
-        from .group import find_groups
+        from .group import classify_all, depths, find_groups
 
         stats = self.report.stats(rule.name)
 
@@ -104,7 +106,11 @@ class Driver:
             return None
 
         fused = 0
-        for group in find_groups(self.view, rule, options, excluded, lambda n, r: stats.decline(n.name, r)):
+        calls = [c for c in classify_all(self.view) if c.op in rule.anchors]
+        if not calls:
+            return 0
+        depth = depths(self.graph)
+        for group in find_groups(self.view, rule, options, excluded, lambda n, r: stats.decline(n.name, r), calls, depth):
             if self.rewrites >= self.max_rewrites:
                 break
             fused += self._try_group(rule, group, stats)

@@ -167,19 +167,26 @@ def depths(graph: fx.Graph) -> dict[fx.Node, int]:
     return depth
 
 
+def classify_all(view: GraphView) -> list[Call]:
+    """Every classifiable node as a ``Call``, in graph order (shared by a round's rules)."""
+    return [c for c in (view.classify(n) for n in view.graph.nodes) if c is not None]
+
+
 def find_groups(
     view: GraphView,
     rule: GroupRule,
     options: dict[str, Any],
     is_excluded: Callable[[fx.Node], str | None],
     decline: Callable[[fx.Node, str], None],
+    calls: list[Call] | None = None,
+    depth: dict[fx.Node, int] | None = None,
 ) -> list[Group]:
     """Candidate groups for ``rule`` over the whole graph (see module docstring)."""
-    depth = depths(view.graph)
+    depth = depth if depth is not None else depths(view.graph)
     buckets: dict[tuple[Any, int], list[Call]] = {}
-    for node in view.graph.nodes:
-        call = view.classify(node)
-        if call is None or call.op not in rule.anchor_ops:
+    for call in calls if calls is not None else classify_all(view):
+        node = call.node
+        if call.op not in rule.anchor_ops:
             continue
         key = rule.key(call, view)
         if key is None:

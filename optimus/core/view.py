@@ -106,6 +106,9 @@ class GraphView:
         self.graph = gm.graph
         self._fake_mode: Any = None
         self._fake_mode_known = False
+        # node -> (args tuple, kwargs dict, Call): valid while the node's arguments are the
+        # same objects (FX replaces the tuple whenever an input is rewired).
+        self._calls: dict[fx.Node, tuple[Any, Any, Call | None]] = {}
 
     # ------------------------------------------------------------------ metadata
     def val(self, node: Any) -> Any:
@@ -142,14 +145,16 @@ class GraphView:
         """The node as a canonical ``Call``, or ``None``."""
         if node.op not in ("call_function", "call_method", "call_module"):
             return None
+        cached = self._calls.get(node)
+        if cached is not None and cached[0] is node.args and cached[1] is node.kwargs:
+            return cached[2]
         try:
             found = self._classify(node)
         except BindError:
-            return None
-        if found is None:
-            return None
-        op, args = found
-        return Call(op, node, self._normalize(op, node, args))
+            found = None
+        call = None if found is None else Call(found[0], node, self._normalize(found[0], node, found[1]))
+        self._calls[node] = (node.args, node.kwargs, call)
+        return call
 
     def _classify(self, node: fx.Node) -> tuple[str, dict[str, Any]] | None:
         raise NotImplementedError
@@ -285,6 +290,12 @@ class GraphView:
         Raises if an input's value is unknown or the op rejects the values (the driver
         rolls the rewrite back).
         """
+
+        if node.target is operator.getitem and isinstance(node.args[0], fx.Node):
+            src = node.args[0].meta.get(self.meta_key)
+            if isinstance(src, (tuple, list)) and is_int(node.args[1]):  # fast path: no fake dispatch
+                node.meta[self.meta_key] = src[node.args[1]]
+                return
 
         def value_of(a: Any) -> Any:
             if isinstance(a, fx.Node):
