@@ -53,7 +53,7 @@ def test_registered_backend_name():
 
 def test_passes_none_installs_nothing():
     assert Session(resolve("none")).inductor_patches() == {}
-    patches = Session(resolve("vertical")).inductor_patches()
+    patches = Session(resolve({"torch_ir": "vertical", "aten_ir": "vertical"})).inductor_patches()
     assert set(patches) == {"pre_grad_custom_pass", "post_grad_custom_pre_pass"}
     assert all(isinstance(p, LevelPass) for p in patches.values())
 
