@@ -1,0 +1,10 @@
+"""``optimus bench``: the zoo models through eager, Inductor, upstream and Optimus.
+
+See ``optimus.bench.harness`` for the measurement protocol, ``optimus.bench.cli`` for
+the command and ``optimus.bench.report`` for the markdown generator.
+"""
+
+from .configs import CONFIG_NAMES, CONFIGS, upstream_fusion_options
+from .harness import MODES, BenchOptions, run, run_config
+
+__all__ = ["CONFIGS", "CONFIG_NAMES", "MODES", "BenchOptions", "run", "run_config", "upstream_fusion_options"]

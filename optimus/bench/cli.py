@@ -1,0 +1,176 @@
+"""The ``bench`` subcommand.
+
+    optimus bench --model NAME|all --mode infer|train [--device cuda|cpu]
+                  [--size small|realistic] [--configs a,b] [--json FILE] [--plot FILE]
+
+``--model`` and ``--mode`` also take comma lists. ``--json`` merges into an existing
+file, keyed by model/mode/config, and is rewritten after every row, so runs made in
+pieces (or cut short) accumulate into one file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from typing import Any, Sequence
+
+from ..models import MODELS, SIZES
+from .configs import CONFIG_NAMES
+from .harness import MODES
+
+
+def _choices(value: str, allowed: Sequence[str], what: str) -> list[str]:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if items == ["all"]:
+        return list(allowed)
+    unknown = [v for v in items if v not in allowed]
+    if unknown or not items:
+        raise ValueError(f"unknown {what} {', '.join(map(repr, unknown)) or repr(value)}; "
+                         f"choose from: {', '.join(allowed)} (or 'all', or a comma list)")
+    return items
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="all", help=f"zoo model(s): {', '.join(MODELS)}, all, or a comma list")
+    p.add_argument("--mode", default="train", help="train, infer, all, or a comma list (default: train)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--size", choices=list(SIZES), default=None,
+                   help="model size (default: realistic on cuda, small on cpu)")
+    p.add_argument("--configs", default="all", help=f"configurations: {', '.join(CONFIG_NAMES)}, all, or a comma list")
+    p.add_argument("--iters", type=int, default=30, help="timed steps per configuration (default 30)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps after compilation (default 5)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-tf32", dest="tf32", action="store_false",
+                   help="CUDA: disable TF32 matmuls for every configuration (default: TF32 on)")
+    p.add_argument("--json", metavar="FILE", default=None,
+                   help="merge results into FILE (keyed by model/mode/config; written after every row)")
+    p.add_argument("--skip-existing", action="store_true",
+                   help="with --json: skip model/mode/config rows already measured (status ok) in FILE")
+    p.add_argument("--budget-minutes", type=float, default=None,
+                   help="start no configuration that would end after this many minutes, judged by the "
+                        "longest compiled configuration of the same model and mode so far (rows so far are kept)")
+    p.add_argument("--plot", metavar="FILE", default=None, help="write a speedup/kernel-count plot (matplotlib)")
+    p.add_argument("--warm-cache", dest="cold", action="store_false",
+                   help="reuse Inductor's compiled kernels across configurations (graphs are still "
+                        "recompiled; compile times are not cold): quick checks and CI only")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--list", action="store_true", help="list models and configurations and exit")
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``bench`` to an argparse subparsers object (used by ``optimus.cli``)."""
+    p = subparsers.add_parser("bench", help="benchmark the model zoo: eager, inductor, upstream and optimus")
+    add_arguments(p)
+    p.set_defaults(func=run_command)
+    return p
+
+
+def run_command(args: argparse.Namespace) -> int:
+    import torch
+
+    from . import harness, results
+    from .progress import Progress
+
+    if args.list:
+        for name, spec in MODELS.items():
+            print(f"{name:<12} {spec.summary}")
+        print("configurations:", ", ".join(CONFIG_NAMES))
+        return 0
+    models = _choices(args.model, list(MODELS), "model")
+    modes = _choices(args.mode, list(MODES), "mode")
+    configs = _choices(args.configs, CONFIG_NAMES, "configuration")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        print(f"error: --device cuda, but no CUDA device is available (torch {torch.__version__}, "
+              f"built with CUDA {torch.version.cuda})", file=sys.stderr)
+        return 2
+    size = args.size or ("realistic" if device == "cuda" else "small")
+    if args.iters < 1 or args.warmup < 0:
+        raise ValueError("--iters must be >= 1 and --warmup >= 0")
+    if args.plot:
+        from .plot import require_matplotlib
+
+        require_matplotlib()
+
+    opts = harness.BenchOptions(device=device, size=size, iters=args.iters, warmup=args.warmup,
+                                seed=args.seed, tf32=args.tf32, cold=args.cold)
+    command = "optimus bench " + " ".join(shlex.quote(a) for a in _argv_for_record(args, device, size))
+    data = results.load(args.json) if args.json else results.empty()
+    this_run = results.empty()
+
+    def on_row(row: dict[str, Any]) -> None:
+        row["command"] = command
+        results.merge(this_run, [row])
+        if args.json:
+            results.merge(data, [row], command)
+            results.save(args.json, data)
+
+    skip: set[str] = set()
+    if args.skip_existing:
+        if not args.json:
+            raise ValueError("--skip-existing needs --json FILE")
+        skip = {k for k, r in data["rows"].items()
+                if r.get("status") == "ok" and r.get("size") == size and r.get("device") == device}
+    deadline = None if args.budget_minutes is None else time.perf_counter() + 60 * args.budget_minutes
+    planned = [f"{m}/{md}/{c}" for m in models for md in modes for c in configs]
+    progress = Progress(len(planned), enabled=not args.quiet)
+    try:
+        harness.run(models, modes, configs, opts, on_row=on_row, progress=progress, skip=skip, deadline=deadline)
+    finally:
+        progress.close()
+    not_run = [k for k in planned if k not in skip and k not in this_run["rows"]]
+    if not_run:
+        print(f"budget reached; not run ({len(not_run)}): {', '.join(not_run)}", file=sys.stderr)
+    if skip & set(planned):
+        print(f"skipped {len(skip & set(planned))} row(s) already in {args.json}", file=sys.stderr)
+    print(results.format_table(this_run))
+    if args.plot:
+        from .plot import plot
+
+        plot(data if args.json else this_run, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    if args.json:
+        print(f"results merged into {args.json}", file=sys.stderr)
+    failed = [r for r in this_run["rows"].values()
+              if r["status"] != "ok" or (r.get("parity") and not r["parity"]["ok"])]
+    return 1 if failed else 0
+
+
+def _argv_for_record(args: argparse.Namespace, device: str, size: str) -> list[str]:
+    argv = ["--model", args.model, "--mode", args.mode, "--device", device, "--size", size]
+    if args.configs != "all":
+        argv += ["--configs", args.configs]
+    if args.iters != 30:
+        argv += ["--iters", str(args.iters)]
+    if args.warmup != 5:
+        argv += ["--warmup", str(args.warmup)]
+    if args.seed != 0:
+        argv += ["--seed", str(args.seed)]
+    if not args.tf32:
+        argv.append("--no-tf32")
+    if not args.cold:
+        argv.append("--warm-cache")
+    if args.json:
+        argv += ["--json", args.json]
+    return argv  # --skip-existing / --budget-minutes / --plot do not change what a row measures
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m optimus.bench",
+        description="Benchmark the model zoo: eager, inductor, upstream and optimus configurations.",
+    )
+    add_arguments(parser)
+    parser.set_defaults(func=run_command)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,134 @@
+"""The configurations ``optimus bench`` compares, and upstream's Optimus options.
+
+Each configuration turns a fresh ``nn.Module`` into the callable that is measured,
+inside a context that holds whatever Inductor settings it needs (compilation happens
+lazily on the first call, so the settings must stay in force while the step runs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Iterator
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    name: str
+    description: str
+    compiled: bool
+    wrap: Callable[[nn.Module], Callable[..., Any]]
+    context: Callable[[], ContextManager[Any]]
+
+
+def _eager(model: nn.Module) -> Callable[..., Any]:
+    return model
+
+
+def _inductor(model: nn.Module) -> Callable[..., Any]:
+    return torch.compile(model, fullgraph=True)
+
+
+def _optimus(passes: str) -> Callable[[nn.Module], Callable[..., Any]]:
+    def wrap(model: nn.Module) -> Callable[..., Any]:
+        import optimus
+
+        return optimus.compile(model, passes=passes, fullgraph=True)
+
+    return wrap
+
+
+@contextlib.contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+# --- upstream PyTorch's own Optimus passes ------------------------------------------
+
+
+def _needs_fbgemm(obj: Any) -> bool:
+    """True if a fusion class (or anything it defines) calls into fbgemm."""
+    try:
+        src = inspect.getsource(obj if inspect.isclass(obj) else type(obj))
+    except (OSError, TypeError):
+        return False
+    return "fbgemm" in src
+
+
+def upstream_fusion_options() -> dict[str, dict[str, dict[str, Any]]]:
+    """Every upstream pre-/post-grad Optimus option this torch supports, fbgemm-free.
+
+    Names come from the registries in ``torch._inductor.fx_passes`` (group/batch fusions
+    and the split/cat pattern passes) so the list follows the installed version.
+    Excluded: fusions whose implementation calls fbgemm (``group_linear``: a
+    Meta-internal grouped GEMM) and the names upstream itself excludes from its
+    post-grad Optimus loop (``OPTIMUS_EXCLUDE_POST_GRAD``, e.g. quantization passes).
+    """
+    pre: dict[str, dict[str, Any]] = {}
+    post: dict[str, dict[str, Any]] = {}
+    try:
+        from torch._inductor.fx_passes import group_batch_fusion as gbf
+    except ImportError:  # pragma: no cover - very old or very new torch
+        gbf = None  # type: ignore[assignment]
+    try:
+        from torch._inductor.fx_passes import split_cat
+    except ImportError:  # pragma: no cover
+        split_cat = None  # type: ignore[assignment]
+    try:
+        from torch._inductor.utils import OPTIMUS_EXCLUDE_POST_GRAD as excluded
+    except ImportError:  # pragma: no cover
+        excluded = []
+    excluded = set(excluded)
+
+    if gbf is not None:
+        for name, cls in getattr(gbf, "PRE_GRAD_FUSIONS", {}).items():
+            if not _needs_fbgemm(cls):
+                pre[name] = {}
+        for name, cls in getattr(gbf, "POST_GRAD_FUSIONS", {}).items():
+            if name not in excluded and not _needs_fbgemm(cls):
+                post[name] = {}
+    if split_cat is not None:
+        for name in getattr(split_cat, "PRE_GRAD_PATTERNS", {}):
+            pre.setdefault(name, {})
+        for name in getattr(split_cat, "POST_GRAD_PATTERNS", {}):
+            if name not in excluded:
+                post.setdefault(name, {})
+    return {"pre_grad": pre, "post_grad": post}
+
+
+@contextlib.contextmanager
+def _upstream_context() -> Iterator[None]:
+    from torch._inductor import config as inductor_config
+
+    opts = upstream_fusion_options()
+    with inductor_config.patch(
+        pre_grad_fusion_options=opts["pre_grad"], post_grad_fusion_options=opts["post_grad"]
+    ):
+        yield
+
+
+CONFIGS: dict[str, BenchConfig] = {
+    c.name: c
+    for c in [
+        BenchConfig("eager", "PyTorch eager", False, _eager, _nothing),
+        BenchConfig("inductor", "torch.compile, default Inductor", True, _inductor, _nothing),
+        BenchConfig(
+            "upstream",
+            "torch.compile with upstream's pre/post_grad_fusion_options all on (fbgemm-free)",
+            True,
+            _inductor,
+            _upstream_context,
+        ),
+        BenchConfig("optimus-vertical", "optimus.compile(passes='vertical')", True, _optimus("vertical"), _nothing),
+        BenchConfig(
+            "optimus-horizontal", "optimus.compile(passes='horizontal')", True, _optimus("horizontal"), _nothing
+        ),
+        BenchConfig("optimus", "optimus.compile(passes='all')", True, _optimus("all"), _nothing),
+    ]
+}
+
+CONFIG_NAMES = list(CONFIGS)

@@ -1,0 +1,168 @@
+"""Bench results: the JSON file (merged across partial runs) and the text table."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any, Iterable
+
+SCHEMA = 1
+
+ROW_KEYS: dict[str, tuple[type, ...]] = {
+    "model": (str,),
+    "mode": (str,),
+    "config": (str,),
+    "size": (str,),
+    "device": (str,),
+    "status": (str,),
+    "error": (str, type(None)),
+    "batch_size": (int, type(None)),
+    "kernels": (int, type(None)),
+    "step_ms": (float, int, type(None)),
+    "examples_per_s": (float, int, type(None)),
+    "peak_memory_bytes": (int, type(None)),
+    "compile_s": (float, int, type(None)),
+    "first_step_s": (float, int, type(None)),
+    "parity": (dict, type(None)),
+    "env": (dict,),
+}
+
+
+def row_key(row: dict[str, Any]) -> str:
+    return f"{row['model']}/{row['mode']}/{row['config']}"
+
+
+def empty() -> dict[str, Any]:
+    return {"schema": SCHEMA, "commands": [], "rows": {}}
+
+
+def load(path: str) -> dict[str, Any]:
+    if not os.path.exists(path):
+        return empty()
+    with open(path) as f:
+        data = json.load(f)
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("rows"), dict):
+        raise ValueError(f"{path} is not an optimus bench results file (schema {SCHEMA})")
+    return data
+
+
+def merge(data: dict[str, Any], rows: Iterable[dict[str, Any]], command: str | None = None) -> dict[str, Any]:
+    """Add rows to ``data``; a row replaces the earlier one for the same model/mode/config."""
+    for row in rows:
+        data["rows"][row_key(row)] = row
+    if command and command not in data["commands"]:
+        data["commands"].append(command)
+    return data
+
+
+def save(path: str, data: dict[str, Any]) -> None:
+    """Write atomically so an interrupted run never leaves a truncated file."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".bench-", suffix=".json", dir=directory)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=False)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def validate(data: dict[str, Any]) -> list[str]:
+    """Problems with a results file (empty list when it is well formed)."""
+    problems: list[str] = []
+    if data.get("schema") != SCHEMA:
+        problems.append(f"schema is {data.get('schema')!r}, expected {SCHEMA}")
+    rows = data.get("rows")
+    if not isinstance(rows, dict):
+        return problems + ["'rows' is not an object"]
+    for key, row in rows.items():
+        for field, types in ROW_KEYS.items():
+            if field not in row:
+                problems.append(f"{key}: missing {field!r}")
+            elif not isinstance(row[field], types) or isinstance(row[field], bool) and bool not in types:
+                problems.append(f"{key}: {field!r} has type {type(row[field]).__name__}")
+        if key != row_key(row):
+            problems.append(f"{key}: key does not match its row ({row_key(row)})")
+        if row.get("status") == "ok":
+            for field in ("kernels", "step_ms", "examples_per_s", "compile_s"):
+                if row.get(field) is None:
+                    problems.append(f"{key}: status ok but {field!r} is missing")
+        elif row.get("status") == "error" and not row.get("error"):
+            problems.append(f"{key}: status error without a message")
+    return problems
+
+
+def rows_by(data: dict[str, Any]) -> dict[tuple[str, str], dict[str, dict[str, Any]]]:
+    """``{(model, mode): {config: row}}`` in insertion order."""
+    out: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+    for row in data["rows"].values():
+        out.setdefault((row["model"], row["mode"]), {})[row["config"]] = row
+    return out
+
+
+def speedup(row: dict[str, Any], base: dict[str, Any] | None) -> float | None:
+    if not base or row.get("step_ms") is None or base.get("step_ms") is None or row["step_ms"] <= 0:
+        return None
+    return base["step_ms"] / row["step_ms"]
+
+
+# --- formatting -----------------------------------------------------------------------
+
+
+def _num(x: Any, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _parity(row: dict[str, Any]) -> str:
+    p = row.get("parity")
+    if not p:
+        return "-"
+    worst = max(p.get("out_max_rel", 0.0), p.get("grad_max_rel", 0.0))
+    return f"{'ok' if p['ok'] else 'FAIL'} ({worst:.1e})"
+
+
+TABLE_HEADER = (
+    "model", "mode", "config", "kernels", "step ms", "examples/s", "vs eager", "vs inductor",
+    "peak MiB", "compile s", "parity (max rel err)",
+)
+
+
+def table_rows(data: dict[str, Any]) -> list[list[str]]:
+    lines: list[list[str]] = []
+    for (model, mode), configs in rows_by(data).items():
+        eager, inductor = configs.get("eager"), configs.get("inductor")
+        for config, row in configs.items():
+            if row["status"] != "ok":
+                lines.append([model, mode, config, f"error: {row['error']}"])
+                continue
+            mem = row.get("peak_memory_bytes")
+            lines.append([
+                model, mode, config,
+                _num(row.get("kernels"), "d"),
+                _num(row.get("step_ms"), ".3f"),
+                _num(row.get("examples_per_s"), ",.0f"),
+                _num(speedup(row, eager), ".2f") + ("x" if speedup(row, eager) else ""),
+                _num(speedup(row, inductor), ".2f") + ("x" if speedup(row, inductor) else ""),
+                _num(None if mem is None else mem / 2**20, ",.0f"),
+                _num(row.get("compile_s"), ".1f"),
+                _parity(row),
+            ])
+    return lines
+
+
+def format_table(data: dict[str, Any]) -> str:
+    """A fixed-width text table; error rows carry their message in place of the figures."""
+    header = list(TABLE_HEADER)
+    body = table_rows(data)
+    widths = [len(h) for h in header]
+    for line in body:
+        if len(line) == len(header):
+            widths = [max(w, len(c)) for w, c in zip(widths, line)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
+    out.append("  ".join("-" * w for w in widths))
+    for line in body:
+        if len(line) == len(header):
+            out.append("  ".join(c.ljust(w) for c, w in zip(line, widths)))
+        else:
+            out.append("  ".join(c.ljust(w) for c, w in zip(line[:3], widths)) + "  " + line[3])
+    return "\n".join(out)

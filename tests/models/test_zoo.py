@@ -1,0 +1,139 @@
+"""The model zoo: every small config in eager, and through optimus.compile against eager."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from optimus.models import MODELS, get_model
+
+NAMES = list(MODELS)
+
+try:
+    import optimus
+
+    HAVE_OPTIMUS_COMPILE = callable(getattr(optimus, "compile", None))
+except ImportError:  # pragma: no cover - the core is being written alongside
+    HAVE_OPTIMUS_COMPILE = False
+
+needs_optimus = pytest.mark.skipif(not HAVE_OPTIMUS_COMPILE, reason="optimus.compile is not available yet")
+
+# Each model compiles once in these tests (Inductor CPU compiles take seconds each):
+# the ones below are checked through a full training step, the rest forward only.
+TRAIN_PARITY = {"splitcat", "dlrm"}
+
+
+def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor | None]:
+    return {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_eager_small(name: str) -> None:
+    zoo = get_model(name, "small")
+    assert zoo.name == name and zoo.size == "small"
+    assert all(t.device.type == "cpu" for t in zoo.inputs)
+    out = zoo.model(*zoo.inputs)
+    assert out.shape[0] == zoo.batch_size
+    assert out.shape == zoo.targets.shape
+    assert torch.isfinite(out).all()
+    loss = zoo.loss(out)
+    assert loss.dim() == 0 and torch.isfinite(loss)
+    loss.backward()
+    grads = _grads(zoo.model)
+    missing = [n for n, g in grads.items() if g is None]
+    assert not missing, f"parameters without gradient: {missing}"
+    assert all(torch.isfinite(g).all() for g in grads.values() if g is not None)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_seed_determinism(name: str) -> None:
+    a, b, c = get_model(name, "small", seed=3), get_model(name, "small", seed=3), get_model(name, "small", seed=4)
+    for x, y in zip(a.inputs, b.inputs):
+        assert torch.equal(x, y)
+    assert torch.equal(a.targets, b.targets)
+    for (na, pa), (_, pb) in zip(a.model.named_parameters(), b.model.named_parameters()):
+        assert torch.equal(pa, pb), na
+    with torch.no_grad():
+        assert torch.equal(a.model(*a.inputs), b.model(*b.inputs))
+        assert not torch.equal(a.model(*a.inputs), c.model(*c.inputs))
+
+
+def test_global_rng_untouched() -> None:
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    get_model("dlrm", "small")
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_unknown_name_and_size() -> None:
+    with pytest.raises(ValueError, match="choose from: dlrm"):
+        get_model("resnet")
+    with pytest.raises(ValueError, match="small, realistic"):
+        get_model("dlrm", size="huge")
+
+
+def test_configs_declared() -> None:
+    for name, spec in MODELS.items():
+        assert set(spec.configs) == {"small", "realistic"}, name
+        assert 512 <= spec.configs["realistic"].batch <= 2048, name
+        mod = __import__(spec.build.__module__, fromlist=["__doc__"])
+        assert mod.__doc__ and len(mod.__doc__) > 200, f"{name}: describe the architecture and its source"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_small_graph_is_one_modest_graph(name: str) -> None:
+    """fullgraph capture works and the small graph stays small (fast CPU compiles)."""
+    zoo = get_model(name, "small")
+    sizes: list[int] = []
+
+    def count(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        sizes.append(len(gm.graph.nodes))
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(zoo.model, backend=count, fullgraph=True)(*zoo.inputs)
+    assert len(sizes) == 1 and sizes[0] < 300, sizes
+
+
+@needs_optimus
+@pytest.mark.parametrize("name", NAMES)
+def test_optimus_compile_parity(name: str) -> None:
+    import optimus
+
+    train = name in TRAIN_PARITY
+    ref = get_model(name, "small")
+    zoo = get_model(name, "small")
+    compiled = optimus.compile(zoo.model, passes="all", fullgraph=True)
+    if not train:
+        with torch.no_grad():
+            want = ref.model(*ref.inputs)
+            got = compiled(*zoo.inputs)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        return
+    want = ref.model(*ref.inputs)
+    ref.loss(want).backward()
+    got = compiled(*zoo.inputs)
+    zoo.loss(got).backward()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    want_g, got_g = _grads(ref.model), _grads(zoo.model)
+    for n in want_g:
+        torch.testing.assert_close(got_g[n], want_g[n], rtol=1e-4, atol=1e-4, msg=lambda m: f"grad {n}: {m}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_realistic_graph_size(name: str) -> None:
+    """Realistic graphs stay near 1,000 op nodes (placeholders aside) for the GPU compile budget."""
+    zoo = get_model(name, "realistic")
+    inputs = tuple(t[:8] for t in zoo.inputs)  # the graph does not depend on the batch size
+    sizes: list[int] = []
+
+    def count(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        sizes.append(len([n for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr")]))
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(zoo.model, backend=count, fullgraph=True)(*inputs)
+    assert len(sizes) == 1 and sizes[0] < 1100, sizes
