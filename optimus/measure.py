@@ -205,14 +205,41 @@ def peak_memory(step_fn: Callable[[], Any], device: str | torch.device = "cpu") 
         step_fn()
         synchronize(dev)
         return int(torch.cuda.max_memory_allocated(dev))
+    if _reset_peak_rss():  # Linux: the high-water mark of this step alone
+        step_fn()
+        peak = _read_peak_rss()
+        if peak is not None:
+            return peak
     step_fn()
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(rss if sys.platform == "darwin" else rss * 1024)
 
 
+def _reset_peak_rss() -> bool:
+    """Reset the process's RSS high-water mark (Linux ``/proc/self/clear_refs`` 5)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _read_peak_rss() -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 @contextlib.contextmanager
 def fresh_inductor_cache():
-    """A fresh, empty Inductor cache directory, with the FX graph and AOT autograd caches off.
+    """Fresh, empty Inductor and Triton cache directories, the FX graph and AOT autograd
+    caches off, and Inductor's in-memory compiled-kernel caches cleared before and after.
 
     Used so that compile times are cold and no configuration reuses another's artifacts.
     """
@@ -222,8 +249,9 @@ def fresh_inductor_cache():
     from torch._inductor import config as inductor_config
 
     with tempfile.TemporaryDirectory(prefix="optimus-inductor-") as tmp:
-        old = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        old = {k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tmp
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton")
         patches: dict[str, Any] = {"fx_graph_cache": False}
         if hasattr(inductor_config, "autotune_local_cache"):
             patches["autotune_local_cache"] = False
@@ -234,15 +262,29 @@ def fresh_inductor_cache():
             with inductor_config.patch(patches), functorch_cfg.patch(fc_patch):
                 yield tmp
         finally:
-            if old is None:
-                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-            else:
-                os.environ["TORCHINDUCTOR_CACHE_DIR"] = old
+            for key, value in old.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
             _clear_cache_dir_memo()
 
 
 def _clear_cache_dir_memo() -> None:
-    """Inductor memoizes its cache dir in a few places; forget them so the env var rules."""
+    """Inductor memoizes its cache dir and compiled kernels in memory; forget them so the
+    environment variables rule and nothing compiled earlier is reused."""
+    try:
+        from torch._inductor.utils import clear_caches
+
+        clear_caches()
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        from torch._inductor.async_compile import CompiledTritonKernels
+
+        CompiledTritonKernels.cache_clear()
+    except (ImportError, AttributeError):  # pragma: no cover - layout differs across versions
+        pass
     try:
         from torch._inductor.runtime import cache_dir_utils
 

@@ -86,23 +86,11 @@ def environment(device: str) -> dict[str, Any]:
 # --- isolation ------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def cold_compile() -> Iterator[str]:
-    """Fresh Inductor (and Triton) cache dirs, caches off, in-memory compile caches cleared."""
+def cold_compile() -> Any:
+    """Fresh Inductor and Triton caches, caches off, in-memory compile caches cleared."""
     from ..measure import fresh_inductor_cache
 
-    with fresh_inductor_cache() as tmp:
-        old_triton = os.environ.get("TRITON_CACHE_DIR")
-        os.environ["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton")
-        _clear_inmemory_compile_caches()
-        try:
-            yield tmp
-        finally:
-            if old_triton is None:
-                os.environ.pop("TRITON_CACHE_DIR", None)
-            else:
-                os.environ["TRITON_CACHE_DIR"] = old_triton
-            _clear_inmemory_compile_caches()
+    return fresh_inductor_cache()
 
 
 @contextlib.contextmanager
@@ -115,21 +103,6 @@ def warm_compile() -> Iterator[None]:
     fc_patch = {"enable_autograd_cache": False} if hasattr(fc, "enable_autograd_cache") else {}
     with inductor_config.patch(fx_graph_cache=False), fc.patch(fc_patch):
         yield
-
-
-def _clear_inmemory_compile_caches() -> None:
-    try:
-        from torch._inductor.utils import clear_caches
-
-        clear_caches()
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        from torch._inductor.async_compile import CompiledTritonKernels
-
-        CompiledTritonKernels.cache_clear()
-    except (ImportError, AttributeError):  # pragma: no cover - layout differs across versions
-        pass
 
 
 def _release(device: str) -> None:
@@ -353,33 +326,7 @@ def _peak_memory(step: Callable[[], Any], dev: torch.device) -> tuple[int, str]:
 
     if dev.type == "cuda":
         return measure.peak_memory(step, dev), "torch.cuda.max_memory_allocated over one step"
-    if _reset_peak_rss():
-        step()
-        peak = _read_peak_rss()
-        if peak is not None:
-            return peak, "cpu: peak RSS over one step (VmHWM after reset)"
-    return measure.peak_memory(step, dev), "cpu: process peak RSS (ru_maxrss, high-water mark of the whole run)"
-
-
-def _reset_peak_rss() -> bool:
-    """Reset the process's RSS high-water mark (Linux ``clear_refs`` 5)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _read_peak_rss() -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    return measure.peak_memory(step, dev), "cpu: peak RSS over one step (VmHWM after reset; else the process high-water mark)"
 
 
 def _describe(e: BaseException) -> str:
