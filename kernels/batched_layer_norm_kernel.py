@@ -45,6 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import _devtables as _dt
 from ._common import cdiv, interpret_mode, num_sms
 
 NCOL = 16
@@ -499,19 +500,27 @@ class LNSignature:
             t[:, COL[name]] = vals
         return t
 
-    def chunk_table(self, device):
-        t = self._dev.get(("chunks", device))
+    def _cached(self, name, device, make):
+        """Device copy of a shape-only table, cached (uploaded asynchronously; while capturing a
+        CUDA graph a fresh uncached copy is staged through the capture arena)."""
+        t = self._dev.get((name, device))
         if t is None:
-            t = self._dev[("chunks", device)] = torch.from_numpy(self.chunks.copy()).to(device)
+            cap = _dt.capturing(device)
+            t = _dt.upload(make(), device, cap)
+            if cap:
+                return t
+            self._dev[(name, device)] = t
         return t
 
+    def chunk_table(self, device):
+        return self._cached("chunks", device, lambda: self.chunks)
+
     def packed_table(self, device):
-        t = self._dev.get(("packed", device))
-        if t is None:
+        def make():
             cols = dict(X=self.off_x, Y=self.off_x, W=self.off_w, B=self.off_w, DY=self.off_x, DX=self.off_x,
                         DW=self.off_w, DB=self.off_w)
-            t = self._dev[("packed", device)] = torch.from_numpy(self.table(cols)).to(device)
-        return t
+            return self.table(cols)
+        return self._cached("packed", device, make)
 
 
 _SIGS: dict = {}
@@ -551,29 +560,43 @@ _LN_KEY = ["MAX_CLS", "TOT_ROWS"]
 if not _INTERPRET:
     _ln_fwd_tuned = triton.autotune(_LN_CONFIGS, key=_LN_KEY, prune_configs_by={"early_config_prune": _prune_ln},
                                     do_bench=lambda fn, quantiles: triton.testing.do_bench(
-                                        fn, warmup=5, rep=20, quantiles=quantiles))(_ln_fwd_kernel)
+                                        fn, warmup=2, rep=8, quantiles=quantiles))(_ln_fwd_kernel)
     _ln_bwd_tuned = triton.autotune(_LN_CONFIGS, key=_LN_KEY, prune_configs_by={"early_config_prune": _prune_ln},
                                     do_bench=lambda fn, quantiles: triton.testing.do_bench(
-                                        fn, warmup=5, rep=20, quantiles=quantiles))(_ln_bwd_kernel)
+                                        fn, warmup=2, rep=8, quantiles=quantiles))(_ln_bwd_kernel)
 
 
-def _kernel(tuned, raw):
-    """(kernel, extra launch kwargs): the raw kernel with 1 warp in the interpreter, else autotuned."""
+# (kernel, autotuning key, flags) -> num_warps chosen by the autotuner; later launches call the
+# jitted kernel directly (no per-call autotuner bookkeeping)
+_CHOSEN: dict = {}
+_VIA_TUNER = object()
+
+
+def _run(which, tuned, raw, grid, args, kwargs, key):
     if _INTERPRET:
-        return raw, dict(num_warps=1)
-    return tuned, {}
+        raw[grid](*args, **kwargs, num_warps=1)
+        return
+    ck = (which, key)
+    meta = _CHOSEN.get(ck)
+    if meta is None or meta is _VIA_TUNER:
+        tuned[grid](*args, **kwargs)
+        if meta is None:
+            try:
+                _CHOSEN[ck] = dict(tuned.best_config.all_kwargs())
+            except AttributeError:  # pragma: no cover - other Triton versions
+                _CHOSEN[ck] = _VIA_TUNER
+        return
+    raw[grid](*args, **kwargs, **meta)
 
 
 def launch_forward(sig, gtab, x, y, w, b, stats, eps, align):
     if sig.n_chunks == 0:
         return
-    kern, extra = _kernel(None if _INTERPRET else _ln_fwd_tuned, _ln_fwd_kernel)
-    kern[(sig.n_chunks,)](
-        x, y, w if w is not None else x, b if b is not None else x, stats, gtab, sig.chunk_table(x.device),
-        float(eps), sig.tot_rows,
-        HAS_W=w is not None, HAS_B=b is not None, ALIGN=align, MIN_D=MIN_D, TILE=TILE, MAX_CLS=sig.max_cls,
-        **extra,
-    )
+    _run("fwd", None if _INTERPRET else _ln_fwd_tuned, _ln_fwd_kernel, (sig.n_chunks,),
+         (x, y, w if w is not None else x, b if b is not None else x, stats, gtab, sig.chunk_table(x.device),
+          float(eps), sig.tot_rows),
+         dict(HAS_W=w is not None, HAS_B=b is not None, ALIGN=align, MIN_D=MIN_D, TILE=TILE, MAX_CLS=sig.max_cls),
+         (sig.max_cls, sig.tot_rows, x.dtype, w is not None, b is not None, align))
 
 
 def launch_backward(sig, gtab, x, dy, dx, w, stats, dw, db, has_b, align):
@@ -582,13 +605,12 @@ def launch_backward(sig, gtab, x, dy, dx, w, stats, dw, db, has_b, align):
     has_w = w is not None
     if sig.n_chunks:
         part = torch.empty(2 * sig.tot_p if (has_w or has_b) else 1, dtype=torch.float32, device=dev)
-        kern, extra = _kernel(None if _INTERPRET else _ln_bwd_tuned, _ln_bwd_kernel)
-        kern[(sig.n_chunks,)](
-            x, dy, dx if dx is not None else x, w if has_w else x, stats, part, gtab, sig.chunk_table(dev),
-            sig.tot_rows, sig.tot_p,
-            HAS_W=has_w, HAS_B=has_b, NEED_DX=dx is not None, ALIGN=align, MIN_D=MIN_D, TILE=TILE,
-            MAX_CLS=sig.max_cls, **extra,
-        )
+        _run("bwd", None if _INTERPRET else _ln_bwd_tuned, _ln_bwd_kernel, (sig.n_chunks,),
+             (x, dy, dx if dx is not None else x, w if has_w else x, stats, part, gtab, sig.chunk_table(dev),
+              sig.tot_rows, sig.tot_p),
+             dict(HAS_W=has_w, HAS_B=has_b, NEED_DX=dx is not None, ALIGN=align, MIN_D=MIN_D, TILE=TILE,
+                  MAX_CLS=sig.max_cls),
+             (sig.max_cls, sig.tot_rows, x.dtype, has_w, has_b, dx is not None, align))
     else:
         part = torch.zeros(1, dtype=torch.float32, device=dev)
     if (has_w or has_b) and sig.max_d > 0:

@@ -33,7 +33,9 @@ The user-facing ``grouped_linear`` / ``batched_layer_norm`` take lists and retur
   graph the horizontal rules produce;
 * in eager mode with Triton available they skip the dispatcher and the packing copies: an
   ``autograd.Function`` launches the same kernels with offsets taken from the members' own
-  storage (one small table copy per call);
+  storage; validation and shape work are cached per call signature and the offset tables on the
+  device per (signature, pointers), so a steady-state step does O(1) Python work plus one
+  C++-level call per member tensor and uploads nothing (see the eager-path section below);
 * otherwise (CPU, no Triton, float64) a loop of ``F.linear`` / ``F.layer_norm``.
 """
 
@@ -431,33 +433,6 @@ def batched_layer_norm_packed(x: Tensor, w: Optional[Tensor], b: Optional[Tensor
     return torch.ops.optimus.batched_layer_norm(x, w, b, list(rows), list(widths), float(eps))[0]
 
 
-# ------------------------------------------------------------------------------------------------
-# eager fast path: autograd.Function launching the kernels on the members' own storage
-# ------------------------------------------------------------------------------------------------
-# Inputs and outputs are separate tensors (the outputs are not views, so in-place ops on them stay
-# legal).  Every kernel reads them where they live: a member's offset is its pointer difference to
-# a base member of the same list, written into the int64 table that goes to the device with one
-# asynchronous copy per pass.  Internal buffers (pre-activation, dW/db workspace) are packed.
-_ESIZE = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
-
-
-def _deltas(ts: Sequence[Tensor], esize: int):
-    """(index of the base member, element offsets of every member relative to it, OR of pointers).
-
-    The base is the first non-empty member; offsets of empty members are never dereferenced."""
-    pl = [t.data_ptr() for t in ts]
-    bi = 0
-    if ts[0].numel() == 0:
-        for i, t in enumerate(ts):
-            if t.numel():
-                bi = i
-                break
-    por = 0
-    for p in pl:
-        por |= p
-    return bi, (np.array(pl, dtype=np.int64) - pl[bi]) // esize, por
-
-
 def _fill_missing(params, sizes, like: Tensor, value: float):
     """List of params with None members replaced (ones / zeros); None if all are None."""
     if params is None or all(p is None for p in params):
@@ -466,228 +441,516 @@ def _fill_missing(params, sizes, like: Tensor, value: float):
             for p, n in zip(params, sizes)]
 
 
-def _to_device(arr: np.ndarray, device: torch.device) -> Tensor:
-    """Host table -> device, asynchronously: staged through (cached) pinned memory, so the copy is
-    ordered on the current stream and the host never waits for the GPU."""
-    t = torch.from_numpy(arr)
-    if device.type == "cpu":
-        return t
-    pinned = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    pinned.copy_(t)
-    return pinned.to(device, non_blocking=True)
+# ------------------------------------------------------------------------------------------------
+# eager fast path: autograd.Function launching the kernels on the members' own storage
+# ------------------------------------------------------------------------------------------------
+# Per call the eager path does O(1) Python work plus one C++-level call per member tensor:
+#
+# * a *plan* per call signature (activation, grad mode, and per tensor: type, shape, stride,
+#   dtype, device, requires_grad) caches everything that depends only on it: validation (a cached
+#   plan means the same metadata already passed every check), the kernel signature (tile counts,
+#   processing orders, packed dW/db offsets), output shapes, the base member of every operand;
+# * the int64 tables the kernels read encode the pointer offsets of the members relative to a base
+#   member: they are a pure function of (plan, data pointers), cached on the device by exactly
+#   that key (``_devtables.TableCache``).  The caching allocator gives a training step the same
+#   addresses every step, so steady-state steps upload nothing; a miss is one asynchronous copy;
+# * launches bypass the autotuner once it has chosen (``grouped_linear_kernel._CHOSEN``).
+#
+# Outputs are separate allocations (not views of one buffer), so in-place ops on them stay legal,
+# as with a loop of F.linear.  Nothing here synchronises with the device (no .item(), no .cpu(),
+# no pageable copies); tests check that with the interpreter and with mocks.
+import itertools as _it
+
+from . import _devtables as _dt
+
+_ESIZE = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
+_TABLES = _dt.TableCache()
+_PLANS: dict = {}
+_PLAN_CAP = 1024
+_plan_ids = _it.count(1)
+_SEQ = (list, tuple)
 
 
-def _views(packed: Tensor, sizes, shapes) -> List[Tensor]:
-    return [p.view(s) for p, s in zip(packed.split_with_sizes(sizes), shapes)]
+def eager_cache_info() -> dict:
+    """Sizes of the eager-path caches and the table upload counters (for tests and benchmarks)."""
+    return dict(plans=len(_PLANS), tables=len(_TABLES), **_dt.stats())
 
 
-_C = None
+def clear_eager_caches() -> None:
+    _PLANS.clear()
+    _TABLES.clear()
 
 
-def _cols():
-    global _C
-    if _C is None:
-        _C = _glk().COL
-    return _C
+def set_table_cache(enabled: bool) -> None:
+    """Turn the device-table cache off (every call uploads its tables; for benchmarks / tests)."""
+    _TABLES.enabled = bool(enabled)
+    if not enabled:
+        _TABLES.clear()
+
+
+def _tmeta(t):
+    return None if t is None else (type(t), t.shape, t.stride(), t.dtype, t.device, t.requires_grad)
+
+
+def _compiling_or_dispatching() -> bool:
+    is_compiling = getattr(torch.compiler, "is_compiling", None)
+    if is_compiling is not None and is_compiling():
+        return True
+    stack_len = getattr(torch._C, "_len_torch_dispatch_stack", None)
+    return stack_len is not None and stack_len() > 0
+
+
+def _first_nonempty(sizes) -> int:
+    for i, s in enumerate(sizes):
+        if s:
+            return i
+    return 0
+
+
+def _put_plan(key, plan):
+    if len(_PLANS) >= _PLAN_CAP:
+        _PLANS.clear()
+    _PLANS[key] = plan
+
+
+def _offsets(ptrs, base: int, es: int) -> np.ndarray:
+    return (np.asarray(ptrs, dtype=np.int64) - np.int64(base)) // es
+
+
+def _or(ptrs) -> int:
+    acc = 0
+    for p in ptrs:
+        acc |= p
+    return acc
+
+
+class _GLPlan:
+    """Shape-dependent facts of one grouped-linear call signature (see the section comment)."""
+
+    def __init__(self, xs, weights, biases, act, need_grad):
+        K = _glk()
+        G = len(xs)
+        x0 = xs[0]
+        self.id = next(_plan_ids)
+        self.G, self.act, self.need_grad = G, act, need_grad
+        self.dt, self.dev = x0.dtype, x0.device
+        self.es = _ESIZE[self.dt]
+        ks = [w.shape[1] for w in weights]
+        ns = [w.shape[0] for w in weights]
+        ms = [_rows(x) for x in xs]
+        self.sig = sig = K.signature(ms, ks, ns)
+        self.bias_idx = tuple(i for i, b in enumerate(biases) if b is not None) if biases is not None else ()
+        self.nb = len(self.bias_idx)
+        self.partial_bias = 0 < self.nb < G
+        self.y_shapes = [tuple(x.shape[:-1]) + (n,) for x, n in zip(xs, ns)]
+        self.x_shapes = [tuple(x.shape) for x in xs]
+        self.w_shapes = [tuple(w.shape) for w in weights]
+        self.preact = act in NEEDS_PREACT
+        self.uses_output = act in USES_OUTPUT
+        self.bx = _first_nonempty(sig.x_sizes)
+        self.bw = _first_nonempty(sig.w_sizes)
+        self.by = _first_nonempty(sig.y_sizes)
+        bsz = [ns[i] for i in self.bias_idx]
+        self.bb = _first_nonempty(bsz)  # index among the present biases
+        self.bb_in_zero = self.partial_bias and not any(bsz)
+        self.max_n = max(ns) if ns else 0
+        self._zero = None
+        self.C = K.COL
+
+    def zero_bias(self, capture: bool):
+        """Zeros standing in for the missing biases (cached; a fresh one while capturing)."""
+        if self._zero is not None:
+            return self._zero
+        z = torch.zeros(max(1, self.max_n), dtype=self.dt, device=self.dev)
+        if not capture:
+            self._zero = z
+        return z
+
+    # pointer layout of a forward call: ts (x * G, w * G, present biases), ys (G), [z], [zero]
+    def fwd_entry(self, ptrs, capture):
+        G, C, sig, es = self.G, self.C, self.sig, self.es
+        o0, o1, o2 = sig.orders
+        px, pw = ptrs[:G], ptrs[G:2 * G]
+        pb = ptrs[2 * G:2 * G + self.nb]
+        py = ptrs[2 * G + self.nb:3 * G + self.nb]
+        rest = ptrs[3 * G + self.nb:]
+        pz = rest[0] if self.preact else 0
+        offx = _offsets(px, px[self.bx], es)
+        offw = _offsets(pw, pw[self.bw], es)
+        offy = _offsets(py, py[self.by], es)
+        T = sig.eager_base[0].copy()
+        T[:, C["X"]] = offx[o0]
+        T[:, C["W"]] = offw[o0]
+        T[:, C["Y"]] = offy[o0]
+        T[:, C["Z"]] = sig.off_y[o0]
+        bias_base = -1  # index into ts of the bias base tensor; -2: the zero buffer
+        if self.nb:
+            zero_ptr = rest[-1] if self.partial_bias else 0
+            full = np.full(G, zero_ptr, dtype=np.int64)
+            for j, i in enumerate(self.bias_idx):
+                full[i] = pb[j]
+            if self.bb_in_zero:
+                base, bias_base = zero_ptr, -2
+            else:
+                base, bias_base = pb[self.bb], 2 * G + self.bb
+            T[:, C["B"]] = _offsets(full, base, es)[o0]
+        align = _glk().align_from_or(sig, self.dt, _or(px) | _or(pw) | _or(py) | pz)
+        return _dt.upload(T, self.dev, capture), align, bias_base
 
 
 class _GroupedLinearFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, meta, *tensors):
-        G, act, bias_idx, sig, need_grad = meta
+    def forward(ctx, plan, *ts):
+        G = plan.G
         K = _glk()
-        C = _cols()
-        xs, ws = tensors[:G], tensors[G:2 * G]
-        x0 = xs[0]
-        dt, dev = x0.dtype, x0.device
-        es = _ESIZE[dt]
-        ys = [torch.empty(tuple(x.shape[:-1]) + (n,), dtype=dt, device=dev) for x, n in zip(xs, sig.ns_list)]
-        z = torch.empty(sig.tot_y, dtype=dt, device=dev) if act in NEEDS_PREACT else None
-        bix, dx_, por = _deltas(xs, es)
-        biw, dw_, p2 = _deltas(ws, es)
-        biy, dy_, p3 = _deltas(ys, es)
-        por |= p2 | p3 | (z.data_ptr() if z is not None else 0)
-        o0, o1, o2 = sig.orders
-        T = sig.eager_base[:3 if need_grad else 1].copy()
-        T[0, :, C["X"]] = dx_[o0]
-        T[0, :, C["W"]] = dw_[o0]
-        T[0, :, C["Y"]] = dy_[o0]
-        T[0, :, C["Z"]] = sig.off_y[o0]
-        bb = None
-        if bias_idx:
-            bl = [None] * G
-            for j, i in enumerate(bias_idx):
-                bl[i] = tensors[2 * G + j]
-            bs = _fill_missing(bl, sig.ns_list, x0, 0.0)
-            bib, db_, _ = _deltas(bs, es)
-            bb = bs[bib]
-            T[0, :, C["B"]] = db_[o0]
-        align = K.align_from_or(sig, dt, por)
-        K.launch_forward(sig, _to_device(T[0], dev), xs[bix], ws[biw], bb, ys[biy], z, act, align)
-        if need_grad:
-            # backward tables, completed with the dy / dx offsets once the gradients exist
-            zcol = dy_ if act in USES_OUTPUT else sig.off_y
-            T[1, :, C["W"]] = dw_[o1]
-            T[1, :, C["Z"]] = zcol[o1]
-            T[2, :, C["X"]] = dx_[o2]
-            T[2, :, C["Z"]] = zcol[o2]
-            if act in NEEDS_PREACT:
-                aux, auxi = [z], 0
-            elif act in USES_OUTPUT:
-                aux, auxi = ys, biy
+        dt, dev = plan.dt, plan.dev
+        ys = [torch.empty(s, dtype=dt, device=dev) for s in plan.y_shapes]
+        z = torch.empty(plan.sig.tot_y, dtype=dt, device=dev) if plan.preact else None
+        cap = _dt.capturing(dev)
+        zero = plan.zero_bias(cap) if plan.partial_bias else None
+        ptrs = [t.data_ptr() for t in ts]
+        ptrs += [y.data_ptr() for y in ys]
+        if z is not None:
+            ptrs.append(z.data_ptr())
+        if zero is not None:
+            ptrs.append(zero.data_ptr())
+        key = (plan.id, _dt.stream_key(dev), *ptrs)
+        ent = None if cap else _TABLES.get(key)
+        if ent is None:
+            ent = plan.fwd_entry(ptrs, cap)
+            if not cap:
+                _TABLES.put(key, ent)
+        tab, align, bias_base = ent
+        b = None if bias_base == -1 else (zero if bias_base == -2 else ts[bias_base])
+        K.launch_forward(plan.sig, tab, ts[plan.bx], ts[G + plan.bw], b, ys[plan.by], z, plan.act, align)
+        if plan.need_grad:
+            if plan.preact:
+                ctx.save_for_backward(*ts[:2 * G], z)
+            elif plan.uses_output:
+                ctx.save_for_backward(*ts[:2 * G], *ys)
             else:
-                aux, auxi = [], -1
-            ctx.save_for_backward(*xs, *ws, *aux)
-            ctx.gl = (G, act, bias_idx, sig, T[1:], align, bix, biw, auxi)
+                ctx.save_for_backward(*ts[:2 * G])
+            ctx.gl = (plan, ptrs, align)
         if G == 1:
             return ys[0]
         return tuple(ys)
 
     @staticmethod
     def backward(ctx, *gys):
-        G, act, bias_idx, sig, T, align, bix, biw, auxi = ctx.gl
+        plan, fptrs, falign = ctx.gl
+        G, C, sig, es = plan.G, plan.C, plan.sig, plan.es
         K = _glk()
-        C = _cols()
         saved = ctx.saved_tensors
-        xs, ws = saved[:G], saved[G:2 * G]
-        aux = saved[2 * G + auxi] if auxi >= 0 else None
         needs = ctx.needs_input_grad
         need_dx = any(needs[1:1 + G])
         need_dw = any(needs[1 + G:1 + 2 * G])
-        need_db = any(needs[1 + 2 * G:])
-        x0 = xs[0]
-        dt, dev = x0.dtype, x0.device
-        es = _ESIZE[dt]
+        need_db = plan.nb > 0 and any(needs[1 + 2 * G:])
+        dt, dev = plan.dt, plan.dev
         gys = [g.contiguous() for g in gys]
-        big, dg_, por = _deltas(gys, es)
-        _, o1, o2 = sig.orders
-        T[0, :, C["DY"]] = dg_[o1]
-        T[1, :, C["DY"]] = dg_[o2]
-        dxs = None
+        dxs = [torch.empty(s, dtype=dt, device=dev) for s in plan.x_shapes] if need_dx else None
+        cap = _dt.capturing(dev)
+        pg = [g.data_ptr() for g in gys]
+        pdx = [d.data_ptr() for d in dxs] if need_dx else []
+        key = (plan.id, _dt.stream_key(dev), need_dx, need_dw or need_db, *fptrs, *pg, *pdx)
+        ent = None if cap else _TABLES.get(key)
+        if ent is None:
+            o1, o2 = sig.orders[1], sig.orders[2]
+            offg = _offsets(pg, pg[plan.by], es)
+            nb = plan.nb
+            px, pw = fptrs[:G], fptrs[G:2 * G]
+            py = fptrs[2 * G + nb:3 * G + nb]
+            offx = _offsets(px, px[plan.bx], es)
+            offw = _offsets(pw, pw[plan.bw], es)
+            aux_off = _offsets(py, py[plan.by], es) if plan.uses_output else sig.off_y
+            T = sig.eager_base[1:].copy()
+            T[0, :, C["W"]] = offw[o1]
+            T[0, :, C["Z"]] = aux_off[o1]
+            T[0, :, C["DY"]] = offg[o1]
+            T[1, :, C["X"]] = offx[o2]
+            T[1, :, C["Z"]] = aux_off[o2]
+            T[1, :, C["DY"]] = offg[o2]
+            por = _or(pg)
+            if need_dx:
+                T[0, :, C["DX"]] = _offsets(pdx, pdx[plan.bx], es)[o1]
+                por |= _or(pdx)
+            align = falign if por % 16 == 0 else 1
+            ent = (_dt.upload(T, dev, cap), align)
+            if not cap:
+                _TABLES.put(key, ent)
+        tabs, align = ent
+        if plan.preact:
+            aux = saved[2 * G]
+        elif plan.uses_output:
+            aux = saved[2 * G + plan.by]
+        else:
+            aux = None
+        xs, ws = saved[:G], saved[G:2 * G]
         if need_dx:
-            dxs = [torch.empty_like(x) for x in xs]
-            bidx, ddx_, p2 = _deltas(dxs, es)
-            por |= p2
-            T[0, :, C["DX"]] = ddx_[o1]
-        if por % 16:
-            align = 1
-        tabs = _to_device(T, dev)
-        if need_dx:
-            K.launch_dx(sig, tabs[0], gys[big], aux, ws[biw], dxs[bidx], act, align)
+            K.launch_dx(sig, tabs[0], gys[plan.by], aux, ws[plan.bw], dxs[plan.bx], plan.act, align)
         dws = dbs = None
         if need_dw or need_db:
             wsp = torch.zeros(sig.tot_w + sig.tot_b, dtype=torch.float32, device=dev)
-            K.launch_dw(sig, tabs[1], gys[big], aux, xs[bix], wsp, bool(bias_idx) and need_db, act, align)
+            K.launch_dw(sig, tabs[1], gys[plan.by], aux, xs[plan.bx], wsp, need_db, plan.act, align)
             if dt != torch.float32:
                 wsp = wsp.to(dt)
             if need_dw:
-                dws = _views(wsp[: sig.tot_w], sig.w_sizes, [w.shape for w in ws])
-            if need_db and bias_idx:
+                dws = [p.view(s) for p, s in zip(wsp[: sig.tot_w].split_with_sizes(sig.w_sizes), plan.w_shapes)]
+            if need_db:
                 parts = wsp[sig.tot_w:].split_with_sizes(sig.ns_list)
-                dbs = [parts[i] for i in bias_idx]
+                dbs = [parts[i] for i in plan.bias_idx]
         out = [None]
         out += dxs if dxs is not None else [None] * G
         out += dws if dws is not None else [None] * G
-        out += dbs if dbs is not None else [None] * len(bias_idx)
+        out += dbs if dbs is not None else [None] * plan.nb
         return tuple(out)
+
+
+def _fast_apply(fn_cls):
+    """``fn_cls.apply`` without the Python wrapper of ``torch.autograd.Function.apply`` (which maps a
+    functorch helper over every argument) when no functorch transform is active; the wrapper
+    otherwise.  Falls back to the wrapper on torch versions where the C entry point is not found."""
+    try:
+        c_apply = super(torch.autograd.Function, fn_cls).apply
+        active = torch._C._are_functorch_transforms_active
+    except AttributeError:  # pragma: no cover - other torch versions
+        return fn_cls.apply
+    if getattr(fn_cls, "setup_context", None) is not torch.autograd.Function.setup_context:
+        return fn_cls.apply  # pragma: no cover - forward(ctx, ...) style only
+    py_apply = fn_cls.apply
+
+    def apply(*args):
+        if active():
+            return py_apply(*args)
+        return c_apply(*args)
+
+    return apply
+
+
+def _gl_eager(xs, weights, biases, act):
+    """The eager Triton path, or None when the call has to take another path."""
+    if _compiling_or_dispatching() or type(xs) not in _SEQ or type(weights) not in _SEQ or not xs:
+        return None
+    x0 = xs[0]
+    if type(x0) not in _PLAIN_TYPES or not _triton_ok(x0):
+        return None
+    if biases is not None and type(biases) not in _SEQ:
+        return None
+    ts = [*xs, *weights] if biases is None else [*xs, *weights, *biases]
+    grad = torch.is_grad_enabled()
+    try:
+        key = (act, grad, len(xs), len(weights),
+               tuple([(type(t), t.shape, t.stride(), t.dtype, t.device, t.requires_grad) for t in (*xs, *weights)]),
+               None if biases is None else tuple([_tmeta(b) for b in biases]))
+    except (AttributeError, TypeError):
+        return None  # not tensors: the general path raises the proper error
+    plan = _PLANS.get(key)
+    if plan is None:
+        _validate_gl(xs, weights, biases)
+        if any(t is not None and type(t) not in _PLAIN_TYPES for t in ts):
+            return None  # tensor subclasses (fake / functional tensors): traced path
+        need_grad = grad and any(t is not None and t.requires_grad for t in ts)
+        plan = _GLPlan(xs, weights, biases, act, need_grad)
+        _put_plan(key, plan)
+    if plan.nb == len(ts) - 2 * plan.G:
+        out = _gl_apply(plan, *ts)
+    else:
+        out = _gl_apply(plan, *xs, *weights, *[biases[i] for i in plan.bias_idx])
+    return [out] if plan.G == 1 else list(out)
+
+
+class _LNPlan:
+    def __init__(self, xs, weights, biases, eps, need_grad):
+        K = _lnk()
+        G = len(xs)
+        x0 = xs[0]
+        self.id = next(_plan_ids)
+        self.G, self.eps, self.need_grad = G, float(eps), need_grad
+        self.dt, self.dev = x0.dtype, x0.device
+        self.es = _ESIZE[self.dt]
+        widths = [x.shape[-1] for x in xs]
+        rows = [_rows(x) for x in xs]
+        self.sig = sig = K.signature(rows, widths, x0.device)
+        self.w_idx = tuple(i for i, w in enumerate(weights) if w is not None) if weights is not None else ()
+        self.b_idx = tuple(i for i, b in enumerate(biases) if b is not None) if biases is not None else ()
+        self.nw, self.nb = len(self.w_idx), len(self.b_idx)
+        self.shapes = [tuple(x.shape) for x in xs]
+        self.bx = _first_nonempty(sig.x_sizes)
+        self.max_d = max(widths) if widths else 0
+        self._fill = {}
+        self.C = K.COL
+
+    def fill(self, value: float, capture: bool):
+        """ones (missing weights) / zeros (missing biases), cached (fresh while capturing)."""
+        t = self._fill.get(value)
+        if t is None:
+            t = torch.full((max(1, self.max_d),), value, dtype=self.dt, device=self.dev)
+            if not capture:
+                self._fill[value] = t
+        return t
+
+    def _param_col(self, ptrs, idx, fill_ptr, T, col):
+        """Offsets of one optional parameter list; returns the index (into idx) of the base, or -2
+        when the base is the fill buffer."""
+        G = self.G
+        full = np.full(G, fill_ptr, dtype=np.int64)
+        for j, i in enumerate(idx):
+            full[i] = ptrs[j]
+        widths = self.sig.widths_list
+        bj = -2
+        for j, i in enumerate(idx):
+            if widths[i]:
+                bj = j
+                break
+        base = ptrs[bj] if bj >= 0 else fill_ptr
+        T[:, self.C[col]] = _offsets(full, base, self.es)
+        return bj
 
 
 class _BatchedLayerNormFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, meta, *tensors):
-        G, eps, w_idx, b_idx, sig, need_grad = meta
+    def forward(ctx, plan, *ts):
+        G, nw, nb = plan.G, plan.nw, plan.nb
         K = _lnk()
-        C = K.COL
-        xs = tensors[:G]
-        x0 = xs[0]
-        dt, dev = x0.dtype, x0.device
-        es = _ESIZE[dt]
-        ys = [torch.empty_like(x) for x in xs]
+        C, sig, es = plan.C, plan.sig, plan.es
+        dt, dev = plan.dt, plan.dev
+        ys = [torch.empty(s, dtype=dt, device=dev) for s in plan.shapes]
         stats = torch.empty(2, sig.tot_rows, dtype=torch.float32, device=dev)
-
-        def full(idx, start, value):
-            if not idx:
-                return None
-            lst = [None] * G
-            for j, i in enumerate(idx):
-                lst[i] = tensors[start + j]
-            return _fill_missing(lst, sig.widths_list, x0, value)
-
-        ws = full(w_idx, G, 1.0)
-        bs = full(b_idx, G + len(w_idx), 0.0)
-        bix, dx_, por = _deltas(xs, es)
-        biy, dy_, p2 = _deltas(ys, es)
-        T = sig.template.copy()
-        T[:, C["X"]] = dx_
-        T[:, C["Y"]] = dy_
-        wb = bb = None
-        biw = 0
-        if ws is not None:
-            biw, dw_, _ = _deltas(ws, es)
-            wb = ws[biw]
-            T[:, C["W"]] = dw_
-        if bs is not None:
-            bib, db_, _ = _deltas(bs, es)
-            bb = bs[bib]
-            T[:, C["B"]] = db_
-        align = K.alignment(sig, dt, por | p2)
-        K.launch_forward(sig, _to_device(T, dev), xs[bix], ys[biy], wb, bb, stats, eps, align)
-        if need_grad:
-            ctx.save_for_backward(*xs, *(ws if ws is not None else []), stats)
-            ctx.ln = (G, w_idx, b_idx, sig, ws is not None, T, bix, biw)
+        cap = _dt.capturing(dev)
+        one = plan.fill(1.0, cap) if 0 < nw < G else None
+        zero = plan.fill(0.0, cap) if 0 < nb < G else None
+        ptrs = [t.data_ptr() for t in ts]
+        ptrs += [y.data_ptr() for y in ys]
+        if one is not None:
+            ptrs.append(one.data_ptr())
+        if zero is not None:
+            ptrs.append(zero.data_ptr())
+        key = (plan.id, _dt.stream_key(dev), *ptrs)
+        ent = None if cap else _TABLES.get(key)
+        if ent is None:
+            px = ptrs[:G]
+            py = ptrs[G + nw + nb:2 * G + nw + nb]
+            T = sig.template.copy()
+            T[:, C["X"]] = _offsets(px, px[plan.bx], es)
+            T[:, C["Y"]] = _offsets(py, py[plan.bx], es)
+            wj = bj = -1
+            if nw:
+                wj = plan._param_col(ptrs[G:G + nw], plan.w_idx, one.data_ptr() if one is not None else 0, T, "W")
+            if nb:
+                bj = plan._param_col(ptrs[G + nw:G + nw + nb], plan.b_idx,
+                                     zero.data_ptr() if zero is not None else 0, T, "B")
+            align = K.alignment(sig, dt, _or(px) | _or(py))
+            ent = (_dt.upload(T, dev, cap), align, wj, bj, T)
+            if not cap:
+                _TABLES.put(key, ent)
+        tab, align, wj, bj, T = ent
+        wb = None if not nw else (one if wj == -2 else ts[G + wj])
+        bb = None if not nb else (zero if bj == -2 else ts[G + nw + bj])
+        K.launch_forward(sig, tab, ts[plan.bx], ys[plan.bx], wb, bb, stats, plan.eps, align)
+        if plan.need_grad:
+            if nw:
+                ctx.save_for_backward(*ts[:G], wb, stats)
+            else:
+                ctx.save_for_backward(*ts[:G], stats)
+            ctx.ln = (plan, ptrs, T, align)
         if G == 1:
             return ys[0]
         return tuple(ys)
 
     @staticmethod
     def backward(ctx, *gys):
-        G, w_idx, b_idx, sig, has_w, T, bix, biw = ctx.ln
+        plan, fptrs, fT, falign = ctx.ln
+        G, nw, nb = plan.G, plan.nw, plan.nb
         K = _lnk()
-        C = K.COL
+        C, sig, es = plan.C, plan.sig, plan.es
         saved = ctx.saved_tensors
         xs = saved[:G]
-        ws = saved[G:2 * G] if has_w else None
+        wb = saved[G] if nw else None
         stats = saved[-1]
         needs = ctx.needs_input_grad
         need_dx = any(needs[1:1 + G])
-        need_dw = any(needs[1 + G:1 + G + len(w_idx)])
-        need_db = any(needs[1 + G + len(w_idx):])
-        x0 = xs[0]
-        dt, dev = x0.dtype, x0.device
-        es = _ESIZE[dt]
+        need_dw = nw > 0 and any(needs[1 + G:1 + G + nw])
+        need_db = nb > 0 and any(needs[1 + G + nw:])
+        dt, dev = plan.dt, plan.dev
         gys = [g.contiguous() for g in gys]
-        big, dg_, por = _deltas(gys, es)
-        _, _, p2 = _deltas(xs, es)
-        por |= p2
-        T[:, C["DY"]] = dg_
-        T[:, C["DW"]] = sig.off_w
-        T[:, C["DB"]] = sig.off_w
-        dxs = None
-        bidx = 0
-        if need_dx:
-            dxs = [torch.empty_like(x) for x in xs]
-            bidx, ddx_, p3 = _deltas(dxs, es)
-            por |= p3
-            T[:, C["DX"]] = ddx_
-        align = K.alignment(sig, dt, por)
-        dwp = torch.empty(sig.tot_w if has_w else 0, dtype=dt, device=dev)
-        has_b = bool(b_idx) and need_db
-        dbp = torch.empty(sig.tot_w if has_b else 0, dtype=dt, device=dev)
-        K.launch_backward(sig, _to_device(T, dev), xs[bix], gys[big], dxs[bidx] if need_dx else None,
-                          ws[biw] if has_w else None, stats, dwp, dbp, has_b, align)
+        dxs = [torch.empty(s, dtype=dt, device=dev) for s in plan.shapes] if need_dx else None
+        cap = _dt.capturing(dev)
+        pg = [g.data_ptr() for g in gys]
+        pdx = [d.data_ptr() for d in dxs] if need_dx else []
+        key = (plan.id, _dt.stream_key(dev), need_dx, *fptrs, *pg, *pdx)
+        ent = None if cap else _TABLES.get(key)
+        if ent is None:
+            T = fT.copy()
+            T[:, C["DY"]] = _offsets(pg, pg[plan.bx], es)
+            T[:, C["DW"]] = sig.off_w
+            T[:, C["DB"]] = sig.off_w
+            por = _or(pg) | _or(fptrs[:G])
+            if need_dx:
+                T[:, C["DX"]] = _offsets(pdx, pdx[plan.bx], es)
+                por |= _or(pdx)
+            ent = (_dt.upload(T, dev, cap), K.alignment(sig, dt, por))
+            if not cap:
+                _TABLES.put(key, ent)
+        tab, align = ent
+        # dW is accumulated whenever there is a weight (it is needed for dx anyway)
+        dwp = torch.empty(sig.tot_w if nw else 0, dtype=dt, device=dev)
+        dbp = torch.empty(sig.tot_w if need_db else 0, dtype=dt, device=dev)
+        K.launch_backward(sig, tab, xs[plan.bx], gys[plan.bx], dxs[plan.bx] if need_dx else None,
+                          wb, stats, dwp, dbp, need_db, align)
         out = [None]
         out += dxs if dxs is not None else [None] * G
-        if need_dw and has_w:
+        if need_dw:
             parts = dwp.split_with_sizes(sig.widths_list)
-            out += [parts[i] for i in w_idx]
+            out += [parts[i] for i in plan.w_idx]
         else:
-            out += [None] * len(w_idx)
-        if has_b:
+            out += [None] * nw
+        if need_db:
             parts = dbp.split_with_sizes(sig.widths_list)
-            out += [parts[i] for i in b_idx]
+            out += [parts[i] for i in plan.b_idx]
         else:
-            out += [None] * len(b_idx)
+            out += [None] * nb
         return tuple(out)
+
+
+_gl_apply = _fast_apply(_GroupedLinearFn)
+_ln_apply = _fast_apply(_BatchedLayerNormFn)
+
+
+def _ln_eager(xs, weights, biases, eps):
+    if _compiling_or_dispatching() or type(xs) not in _SEQ or not xs:
+        return None
+    x0 = xs[0]
+    if type(x0) not in _PLAIN_TYPES or not _triton_ok(x0):
+        return None
+    if (weights is not None and type(weights) not in _SEQ) or (biases is not None and type(biases) not in _SEQ):
+        return None
+    ts = list(xs)
+    if weights is not None:
+        ts += weights
+    if biases is not None:
+        ts += biases
+    grad = torch.is_grad_enabled()
+    try:
+        key = (eps, grad, tuple([(type(t), t.shape, t.stride(), t.dtype, t.device, t.requires_grad) for t in xs]),
+               None if weights is None else tuple([_tmeta(t) for t in weights]),
+               None if biases is None else tuple([_tmeta(t) for t in biases]))
+        hash(key)
+    except (AttributeError, TypeError):
+        return None
+    plan = _PLANS.get(key)
+    if plan is None:
+        _validate_ln(xs, weights, biases, eps)
+        if any(t is not None and type(t) not in _PLAIN_TYPES for t in ts):
+            return None
+        need_grad = grad and any(t is not None and t.requires_grad for t in ts)
+        plan = _LNPlan(xs, weights, biases, eps, need_grad)
+        _put_plan(key, plan)
+    args = list(xs)
+    if plan.nw:
+        args += [weights[i] for i in plan.w_idx]
+    if plan.nb:
+        args += [biases[i] for i in plan.b_idx]
+    out = _ln_apply(plan, *args)
+    return [out] if plan.G == 1 else list(out)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -731,22 +994,14 @@ def grouped_linear(xs: Sequence[Tensor], weights: Sequence[Tensor],
     list of (..., N_g) outputs; differentiable with respect to xs, weights and biases.
     """
     act = activation_code(activation)
+    out = _gl_eager(xs, weights, biases, act)  # eager Triton path (validation cached per call signature)
+    if out is not None:
+        return out
     _validate_gl(xs, weights, biases)
     tensors = list(xs) + list(weights) + (list(biases) if biases is not None else [])
-    if _tracing(tensors):
+    if _tracing(tensors) or _triton_ok(xs[0]):
+        # traced, or Triton tensors that the eager path declined (tensor subclasses): the custom op
         return _gl_via_op(xs, weights, biases, act)
-    x0 = xs[0]
-    if _triton_ok(x0):
-        G = len(xs)
-        ks = [w.shape[1] for w in weights]
-        ns = [w.shape[0] for w in weights]
-        ms = [_rows(x) for x in xs]
-        sig = _glk().signature(ms, ks, ns)
-        bias_idx = tuple(i for i, b in enumerate(biases) if b is not None) if biases is not None else ()
-        present = [biases[i] for i in bias_idx]
-        need_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-        out = _GroupedLinearFn.apply((G, act, bias_idx, sig, need_grad), *xs, *weights, *present)
-        return [out] if G == 1 else list(out)
     return ref.grouped_linear_list(xs, weights, biases, act)
 
 
@@ -758,21 +1013,12 @@ def batched_layer_norm(xs: Sequence[Tensor], weights: Optional[Sequence[Optional
     (D_g,) tensors (entries may be None).  Statistics in fp32.  Same dtype / device / contiguity
     rules as :func:`grouped_linear`.  Returns the list of outputs, differentiable.
     """
+    out = _ln_eager(xs, weights, biases, eps)
+    if out is not None:
+        return out
     _validate_ln(xs, weights, biases, eps)
     tensors = list(xs) + (list(weights) if weights is not None else []) + \
         (list(biases) if biases is not None else [])
-    if _tracing(tensors):
+    if _tracing(tensors) or _triton_ok(xs[0]):
         return _ln_via_op(xs, weights, biases, eps)
-    x0 = xs[0]
-    if _triton_ok(x0):
-        G = len(xs)
-        widths = [x.shape[-1] for x in xs]
-        rows = [_rows(x) for x in xs]
-        sig = _lnk().signature(rows, widths, x0.device)
-        w_idx = tuple(i for i, w in enumerate(weights) if w is not None) if weights is not None else ()
-        b_idx = tuple(i for i, b in enumerate(biases) if b is not None) if biases is not None else ()
-        need_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-        out = _BatchedLayerNormFn.apply((G, float(eps), w_idx, b_idx, sig, need_grad), *xs,
-                                        *[weights[i] for i in w_idx], *[biases[i] for i in b_idx])
-        return [out] if G == 1 else list(out)
     return ref.batched_layer_norm_list(xs, weights, biases, eps)
