@@ -228,6 +228,7 @@ def optimize(
     report = Report(config.spec)
     _remember(report)
     optimize_graph(gm, level, config, report, "graph 0", view=view, example_inputs=list(example_inputs) if example_inputs else None)
+    gm.recompile()
     gm.meta["optimus_report"] = report
     return gm
 

@@ -346,22 +346,42 @@ def _check_same_value(view: GraphView, old: fx.Node, new: fx.Node) -> None:
 
 
 # ------------------------------------------------------------------ graph-level API
-def snapshot(graph: fx.Graph) -> fx.Graph:
-    """A copy of the graph (nodes and metadata) for whole-level rollback."""
-    copy = fx.Graph(owning_module=graph.owning_module)
-    val_map: dict[fx.Node, fx.Node] = {}
-    out = copy.graph_copy(graph, val_map)
-    copy.output(out)
-    return copy
+class GraphRecord:
+    """What a graph was, cheaply: each node's op, target, args, kwargs, name and metadata.
+
+    Recording is O(nodes) with no node creation (FX replaces, never mutates, a node's
+    args tuple and kwargs dict, so keeping references is enough). Only a rollback or the
+    numeric check pays for rebuilding a graph from the record.
+    """
+
+    def __init__(self, graph: fx.Graph) -> None:
+        self.owning_module = graph.owning_module
+        self.entries = [(n, n.op, n.target, n.args, n.kwargs, n.name, n.type, n.meta) for n in graph.nodes]
+
+    def rebuild_into(self, graph: fx.Graph) -> None:
+        new: dict[fx.Node, fx.Node] = {}
+        for old, op, target, args, kwargs, name, type_, meta in self.entries:
+            remap = lambda a: new[a]  # noqa: E731
+            node = graph.create_node(op, target, fx.node.map_arg(args, remap), fx.node.map_arg(kwargs, remap), name, type_)
+            node.meta = dict(meta)
+            new[old] = node
+
+    def materialize(self) -> fx.Graph:
+        graph = fx.Graph(owning_module=self.owning_module)
+        self.rebuild_into(graph)
+        return graph
 
 
-def restore(graph: fx.Graph, backup: fx.Graph) -> None:
-    """Make ``graph`` (the same object, which callers hold) equal to ``backup`` again."""
+def snapshot(graph: fx.Graph) -> GraphRecord:
+    """A record of the graph for whole-level rollback (see ``GraphRecord``)."""
+    return GraphRecord(graph)
+
+
+def restore(graph: fx.Graph, record: GraphRecord) -> None:
+    """Make ``graph`` (the same object, which callers hold) what ``record`` recorded."""
     for node in reversed(list(graph.nodes)):
         graph.erase_node(node)
-    val_map: dict[fx.Node, fx.Node] = {}
-    out = graph.graph_copy(backup, val_map)
-    graph.output(out)
+    record.rebuild_into(graph)
 
 
 def _reorder_span(first: fx.Node, last: fx.Node) -> bool:
@@ -437,7 +457,7 @@ def make_view(level: str, gm: fx.GraphModule) -> GraphView:
     raise ValueError(f"no FX graph view for level {level!r}")
 
 
-def optimize_graph(
+def optimize_graph(  # the caller recompiles gm if it runs it as Python (Inductor does not)
     gm: fx.GraphModule,
     level: str,
     config: PassConfig,
@@ -457,7 +477,6 @@ def optimize_graph(
     t0 = time.perf_counter()
     with _gc_paused():
         _run_with_rollback(gm, view, rules, config, gr, example_inputs)
-    gm.recompile()
     gr.nodes_after = len(graph.nodes)
     gr.time_s = time.perf_counter() - t0
     return gr

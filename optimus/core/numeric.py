@@ -73,16 +73,16 @@ def outputs_match(a: Any, b: Any, rtol: float = 1e-4, atol: float = 1e-5) -> boo
 
 def find_culprit(
     gm: fx.GraphModule,
-    original: fx.Graph,
+    original: Any,
     view: GraphView,
     rules: list[Any],
     example_inputs: list[Any] | None,
     max_rewrites: int | None,
 ) -> tuple[bool, str | None, str]:
     """(results differ?, culprit rule name if found, a note for the report)."""
-    from .driver import Driver, make_view, snapshot
+    from .driver import Driver, make_view
 
-    ref_gm = fx.GraphModule(gm, snapshot(original))
+    ref_gm = fx.GraphModule(gm, original.materialize())
     inputs = None
     if example_inputs is not None and all(isinstance(t, torch.Tensor) and not _is_fake(t) for t in example_inputs):
         inputs = list(example_inputs)
@@ -98,13 +98,13 @@ def find_culprit(
         return False, None, "numeric check passed"
 
     def differs_after(k: int) -> bool:
-        trial = fx.GraphModule(gm, snapshot(original))
+        trial = fx.GraphModule(gm, original.materialize())
         d = Driver(make_view(view.level, trial), rules, GraphReport(view.level, "bisect"), max_rewrites=k)
         d.run()
         trial.recompile()
         return not outputs_match(expected, _run(trial, inputs))
 
-    full = Driver(make_view(view.level, fx.GraphModule(gm, snapshot(original))), rules, GraphReport(view.level, "bisect"), max_rewrites)
+    full = Driver(make_view(view.level, fx.GraphModule(gm, original.materialize())), rules, GraphReport(view.level, "bisect"), max_rewrites)
     full.run()
     lo, hi = 0, len(full.applied)  # results match after lo rewrites, differ after hi
     applied = full.applied

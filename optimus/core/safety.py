@@ -21,7 +21,11 @@ from .vocab import VIEW_OPS
 
 
 class AliasAnalysis:
-    """Union-find of nodes whose values may share storage, and which classes are written."""
+    """Union-find of nodes whose values may share storage, and which classes are written.
+
+    Built lazily: most graphs mutate nothing, and then only a rewrite that touches a
+    graph output needs alias classes at all.
+    """
 
     def __init__(self, view: GraphView) -> None:
         self.view = view
@@ -29,24 +33,33 @@ class AliasAnalysis:
         self.mutated_roots: set[fx.Node] = set()
         self.external_roots: set[fx.Node] = set()  # classes holding inputs / parameters
         self.output_node: fx.Node | None = None
-        by_storage: dict[Any, fx.Node] = {}
-        mutated: list[fx.Node] = []
+        self.mutated: list[fx.Node] = []
         for node in view.graph.nodes:
+            self.mutated.extend(view.mutated_inputs(node))
+            if node.op == "output":
+                self.output_node = node
+        self.built = False
+        if self.mutated:
+            self._build()
+
+    def _build(self) -> None:
+        self.built = True
+        by_storage: dict[Any, fx.Node] = {}
+        for node in self.view.graph.nodes:
             self.add(node)
-            key = _storage_key(view.val(node))
+            key = _storage_key(self.view.val(node))
             if key is not None:
                 if key in by_storage:
                     self.union(node, by_storage[key])
                 else:
                     by_storage[key] = node
-            mutated.extend(view.mutated_inputs(node))
-            if node.op == "output":
-                self.output_node = node
-        for node in mutated:
+        for node in self.mutated:
             self.mutated_roots.add(self.find(node))
 
     # union-find ------------------------------------------------------------------
     def find(self, node: fx.Node) -> fx.Node:
+        if not self.built:
+            self._build()
         if node not in self.parent:
             self.add(node)
         root = node
@@ -68,7 +81,7 @@ class AliasAnalysis:
 
     def add(self, node: fx.Node) -> None:
         """Register a node (also nodes created by rewrites) with its aliasing edges."""
-        if node in self.parent:
+        if node in self.parent or not self.built:
             return
         self.parent[node] = node
         if node.op in ("placeholder", "get_attr"):
@@ -84,7 +97,7 @@ class AliasAnalysis:
 
     # queries ---------------------------------------------------------------------
     def is_mutated(self, node: fx.Node) -> bool:
-        return self.find(node) in self.mutated_roots
+        return bool(self.mutated) and self.find(node) in self.mutated_roots
 
     def same_class(self, a: fx.Node, b: fx.Node) -> bool:
         return self.find(a) is self.find(b)

@@ -112,6 +112,13 @@ _MODULE_UNARY: dict[type, str] = {
     nn.SiLU: "silu",
 }
 
+# Functions with no in-place mode (no ``inplace`` argument, name not ending in "_").
+_NEVER_IN_PLACE = {
+    fn
+    for fn, name in _FUNCTIONS.items()
+    if "inplace" not in [p for p, _ in _SIGNATURES.get(name, ("", [], {}, None))[1]] and not getattr(fn, "__name__", "").endswith("_")
+} | {operator.getitem, operator.add, operator.sub, operator.mul, operator.truediv, operator.neg, operator.matmul, torch.tensor}
+
 _INPLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv, operator.imatmul, operator.setitem}
 
 # Canonical op -> the callable emitted for it.
@@ -348,6 +355,8 @@ class TorchIRView(GraphView):
 
     # -------------------------------------------------------------- side effects
     def mutated_inputs(self, node: fx.Node) -> list[fx.Node]:
+        if node.op == "call_function" and node.target in _NEVER_IN_PLACE and "out" not in node.kwargs:
+            return []  # the common case, decided by one lookup
         first = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
         written: list[fx.Node] = []
         if node.op == "call_method":
