@@ -30,7 +30,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     cfg = DemoConfig.small() if args.small else DemoConfig()
     if args.iters is not None:
         cfg.iters = args.iters
-    result = run_demo(args.device, cfg, passes=args.passes)
+    configs = ("inductor", "upstream", "optimus-vertical", "optimus") if args.compare_upstream else ("inductor", "optimus")
+    result = run_demo(args.device, cfg, passes=args.passes, configs=configs, model_name=args.model)
     print(json.dumps(result, indent=2) if args.json else format_demo(result))
     ok = all(c["outputs_match"] for c in result["configs"].values())
     return 0 if ok else 1
@@ -96,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--small", action="store_true", help="a tiny model (seconds), for smoke tests")
     demo.add_argument("--iters", type=int, default=None, help="timed steps (default 30)")
     demo.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    demo.add_argument("--compare-upstream", action="store_true",
+                      help="also Inductor with upstream PyTorch's Optimus options, and Optimus' vertical rules alone")
+    demo.add_argument("--model", default=None, help="a zoo model instead of the built-in demo model (e.g. splitcat)")
     demo.set_defaults(func=_cmd_demo)
 
     explain = sub.add_parser("explain", help="compile the demo model and print what each rule did")

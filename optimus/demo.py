@@ -55,23 +55,122 @@ class DemoConfig:
     width: int = 32
     rounds: int = 4
     iters: int = 30
+    size: str = "realistic"  # for zoo models (--model NAME)
 
     @classmethod
     def small(cls) -> "DemoConfig":
-        return cls(batch=64, features=8, width=16, rounds=2, iters=5)
+        return cls(batch=64, features=8, width=16, rounds=2, iters=5, size="small")
 
 
 class _NodeCounter(CustomGraphPass):  # type: ignore[misc]
-    """Counts the Aten-IR nodes plain Inductor receives (a no-op pass, for the table)."""
+    """Counts the nodes of the graphs a hook sees (a no-op pass, for the table)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
         self.count = 0
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         self.count += len(graph.nodes)
 
     def uuid(self) -> str:
-        return "optimus-demo-node-counter"
+        return f"optimus-demo-node-counter-{self.tag}"
+
+
+CONFIGS = ("inductor", "upstream", "optimus-vertical", "optimus")
+
+
+def _build(model_name: str | None, cfg: DemoConfig, device: str) -> tuple[nn.Module, tuple[torch.Tensor, ...], str]:
+    if model_name in (None, "demo"):
+        torch.manual_seed(0)
+        model = SplitCatDemo(cfg.features, cfg.width, cfg.rounds)
+        x = torch.randn(cfg.batch, cfg.features * cfg.width)
+        desc = f"SplitCatDemo(features={cfg.features}, width={cfg.width}, rounds={cfg.rounds}), batch {cfg.batch}"
+        return model.to(device).eval(), (x.to(device),), desc
+    from .models import get_model
+
+    zoo = get_model(model_name, size=cfg.size, device=device, seed=0)
+    return zoo.model.eval(), tuple(zoo.inputs), f"zoo model {model_name!r} ({cfg.size}), batch {zoo.batch_size}"
+
+
+def run_demo(
+    device: str | None = None,
+    cfg: DemoConfig | None = None,
+    passes: Any = "all",
+    configs: tuple[str, ...] = ("inductor", "optimus"),
+    model_name: str | None = None,
+) -> dict[str, Any]:
+    """Compile a model (the demo model by default) with each configuration and measure
+    inference: graph nodes per level after each configuration's passes, kernels per
+    step, median step time, cold compile time, outputs against eager.
+
+    Configurations: ``inductor`` (plain), ``upstream`` (Inductor with upstream PyTorch's
+    own Optimus options all on), ``optimus-vertical`` and ``optimus`` (``passes``).
+    """
+    import optimus
+    from torch._inductor import config as inductor_config
+
+    from .bench.configs import upstream_fusion_options
+
+    cfg = cfg or DemoConfig()
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:
+        raise ValueError(f"unknown demo configuration(s) {unknown}; choose from {list(CONFIGS)}")
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, inputs, desc = _build(model_name, cfg, device)
+    with torch.no_grad():
+        expected = model(*inputs)
+    result: dict[str, Any] = {
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "model": desc,
+        "configs": {},
+    }
+    for name in configs:
+        torch._dynamo.reset()
+        torch_ir, aten_ir = _NodeCounter("torch_ir"), _NodeCounter("aten_ir")
+        # Counted where every configuration's passes are done: Torch-IR after the pre-grad
+        # passes (upstream's run inside them), Aten-IR after all post-grad passes.
+        patches: dict[str, Any] = {"post_grad_custom_post_pass": aten_ir}
+        if name in ("inductor", "upstream"):
+            patches["pre_grad_custom_pass"] = torch_ir
+        if name == "upstream":
+            opts = upstream_fusion_options()
+            patches.update(pre_grad_fusion_options=opts["pre_grad"], post_grad_fusion_options=opts["post_grad"])
+        with measure.fresh_inductor_cache(), torch.no_grad(), inductor_config.patch(patches):
+            if name in ("inductor", "upstream"):
+                compiled = torch.compile(model)
+            else:
+                compiled = optimus.compile(model, passes="vertical" if name == "optimus-vertical" else passes)
+            t0 = time.perf_counter()
+            if device == "cpu":
+                out, kernels = measure.compiled_kernel_count(lambda: compiled(*inputs), device)
+            else:
+                out = compiled(*inputs)
+                measure.synchronize(device)
+            compile_s = time.perf_counter() - t0
+            if device != "cpu":
+                kernels = measure.count_kernels(lambda: compiled(*inputs), device)
+            median = measure.median_step_ms(lambda: compiled(*inputs), device, warmup=3, iters=cfg.iters)
+        entry: dict[str, Any] = {
+            "kernels": int(kernels),
+            "median_ms": round(float(median), 4),
+            "outputs_match": bool(torch.allclose(out, expected, rtol=1e-4, atol=1e-5)),
+            "compile_s": round(compile_s, 2),
+        }
+        if name.startswith("optimus"):
+            report = compiled.optimus_report
+            before, after = _count_nodes(report, "torch_ir")
+            entry["nodes"] = {"torch_ir": {"before": before, "after": after}, "aten_ir": {"after": aten_ir.count}}
+            entry["rewrites"] = sum(g.matched for g in report.graphs)
+            entry["errors"] = report.errors()
+        else:
+            entry["nodes"] = {"torch_ir": {"after": torch_ir.count}, "aten_ir": {"after": aten_ir.count}}
+        result["configs"][name] = entry
+    if "inductor" in result["configs"] and "optimus" in result["configs"]:
+        base, ours = result["configs"]["inductor"]["median_ms"], result["configs"]["optimus"]["median_ms"]
+        result["speedup"] = round(base / ours, 3) if ours else None
+    return result
 
 
 def _count_nodes(report: Any, level: str) -> tuple[int, int]:
@@ -80,79 +179,29 @@ def _count_nodes(report: Any, level: str) -> tuple[int, int]:
     return before, after
 
 
-def run_demo(device: str | None = None, cfg: DemoConfig | None = None, passes: Any = "all") -> dict[str, Any]:
-    """Compile the demo model with plain Inductor and with Optimus; measure both."""
-    import optimus
-
-    cfg = cfg or DemoConfig()
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    torch.manual_seed(0)
-    model = SplitCatDemo(cfg.features, cfg.width, cfg.rounds).to(device).eval()
-    x = torch.randn(cfg.batch, cfg.features * cfg.width, device=device)
-    with torch.no_grad():
-        expected = model(x)
-    result: dict[str, Any] = {
-        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-        "torch": torch.__version__,
-        "model": f"SplitCatDemo(features={cfg.features}, width={cfg.width}, rounds={cfg.rounds}), batch {cfg.batch}",
-        "configs": {},
-    }
-    from torch._inductor import config as inductor_config
-
-    for name in ("inductor", "optimus"):
-        torch._dynamo.reset()
-        counter = _NodeCounter()
-        hook = {"post_grad_custom_pre_pass": counter} if name == "inductor" else {}
-        with measure.fresh_inductor_cache(), torch.no_grad(), inductor_config.patch(hook):
-            if name == "inductor":
-                compiled = torch.compile(model)
-            else:
-                compiled = optimus.compile(model, passes=passes)
-            t0 = time.perf_counter()
-            if device == "cpu":
-                out, kernels = measure.compiled_kernel_count(lambda: compiled(x), device)
-            else:
-                out = compiled(x)
-                measure.synchronize(device)
-            compile_s = time.perf_counter() - t0
-            if device != "cpu":
-                kernels = measure.count_kernels(lambda: compiled(x), device)
-            median = measure.median_step_ms(lambda: compiled(x), device, warmup=3, iters=cfg.iters)
-        entry: dict[str, Any] = {
-            "kernels": int(kernels),
-            "median_ms": round(float(median), 4),
-            "outputs_match": bool(torch.allclose(out, expected, rtol=1e-4, atol=1e-5)),
-            "compile_s": round(compile_s, 2),
-        }
-        if name == "inductor":
-            entry["nodes"] = {"aten_ir": {"before": counter.count, "after": counter.count}}
-        else:
-            report = compiled.optimus_report
-            entry["nodes"] = {lv: dict(zip(("before", "after"), _count_nodes(report, lv))) for lv in ("torch_ir", "aten_ir")}
-            entry["rewrites"] = sum(g.matched for g in report.graphs)
-            entry["errors"] = report.errors()
-        result["configs"][name] = entry
-    base = result["configs"]["inductor"]["median_ms"]
-    result["speedup"] = round(base / result["configs"]["optimus"]["median_ms"], 3) if result["configs"]["optimus"]["median_ms"] else None
-    return result
-
-
 def format_demo(result: dict[str, Any]) -> str:
-    ind, opt = result["configs"]["inductor"], result["configs"]["optimus"]
-    nodes = opt.get("nodes", {})
+    names = list(result["configs"])
+    cols = {"inductor": "inductor", "upstream": "+ upstream", "optimus-vertical": "+ optimus vertical", "optimus": "+ optimus"}
+    width = 20
+    header = f"{'':<26}" + "".join(f"{cols.get(n, n):>{width}}" for n in names)
+
+    def row(label: str, fn: Any) -> str:
+        return f"{label:<26}" + "".join(f"{fn(result['configs'][n]):>{width}}" for n in names)
+
     lines = [
         f"Optimus demo on {result['device']} (torch {result['torch']})",
         f"model: {result['model']}",
         "",
-        f"{'':<26}{'inductor':>14}{'inductor + optimus':>22}",
-        f"{'Torch-IR graph nodes':<26}{nodes.get('torch_ir', {}).get('before', '-'):>14}{nodes.get('torch_ir', {}).get('after', '-'):>22}",
-        f"{'Aten-IR graph nodes':<26}{ind.get('nodes', {}).get('aten_ir', {}).get('after', '-'):>14}{nodes.get('aten_ir', {}).get('after', '-'):>22}",
-        f"{'kernels per step':<26}{ind['kernels']:>14}{opt['kernels']:>22}",
-        f"{'median step (ms)':<26}{ind['median_ms']:>14.3f}{opt['median_ms']:>22.3f}",
-        f"{'outputs match eager':<26}{str(ind['outputs_match']):>14}{str(opt['outputs_match']):>22}",
-        f"{'cold compile (s)':<26}{ind['compile_s']:>14.1f}{opt['compile_s']:>22.1f}",
-        "",
-        f"speedup: {result['speedup']}x   rewrites: {opt.get('rewrites')}   rule errors: {len(opt.get('errors', []))}",
+        header,
+        row("Torch-IR graph nodes", lambda c: c["nodes"]["torch_ir"]["after"]),
+        row("Aten-IR graph nodes", lambda c: c["nodes"]["aten_ir"]["after"]),
+        row("kernels per step", lambda c: c["kernels"]),
+        row("median step (ms)", lambda c: f"{c['median_ms']:.3f}"),
+        row("outputs match eager", lambda c: str(c["outputs_match"])),
+        row("cold compile (s)", lambda c: f"{c['compile_s']:.1f}"),
     ]
+    opt = result["configs"].get("optimus")
+    if opt is not None:
+        lines += ["", f"speedup over inductor: {result.get('speedup')}x   rewrites: {opt.get('rewrites')}   rule errors: {len(opt.get('errors', []))}"]
+    lines.append("(nodes are counted after each configuration's passes: Torch-IR after the pre-grad passes, Aten-IR after all post-grad passes)")
     return "\n".join(lines)
