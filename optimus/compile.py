@@ -53,6 +53,9 @@ def source_fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
+SCHEDULER_HOOKS = ("_pre_fusion_custom_pass", "_post_fusion_custom_pass")
+
+
 class Session:
     """One ``optimus.compile`` call: its resolved passes and the report they fill."""
 
@@ -106,7 +109,22 @@ class Session:
         from torch._inductor.compile_fx import compile_fx
 
         before = _cache_hits(counters)
-        compiled = compile_fx(gm, example_inputs, config_patches=self.inductor_patches())
+        patches = self.inductor_patches()
+        try:
+            compiled = compile_fx(gm, example_inputs, config_patches=patches)
+        except Exception as e:
+            # The Inductor-IR passes change which kernels Inductor generates; if generating
+            # or compiling them fails, compile again without them (the other levels' rewrites
+            # are checked and rolled back in place, so they cannot fail here).
+            hooks = [k for k in patches if k in SCHEDULER_HOOKS]
+            if not hooks:
+                raise
+            note = (f"inductor_ir: compilation failed with the Inductor-IR passes ({type(e).__name__}: "
+                    f"{str(e)[:200]}); compiled again without them")
+            log.warning("optimus: %s", note)
+            self.report.notes.append(note)
+            patches = {k: v for k, v in patches.items() if k not in SCHEDULER_HOOKS}
+            compiled = compile_fx(gm, example_inputs, config_patches=patches)
         hits = _cache_hits(counters) - before
         if hits:
             self.report.notes.append(
@@ -129,6 +147,40 @@ class LevelPass(CustomGraphPass):  # type: ignore[misc]
 
     def uuid(self) -> str:
         return f"{self.level}:{self.session.fingerprint()}"
+
+    # torch 2.11 pickles ``pre_grad_custom_pass`` with the rest of Inductor's config into
+    # the FX graph cache key (2.13 ignores it there): pickle as the uuid alone, so the key
+    # is deterministic and changes exactly when the passes do.
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        return (_restored_level_pass, (self.level, self.uuid()))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> "LevelPass":
+        return self
+
+    def __copy__(self) -> "LevelPass":
+        return self
+
+
+class _RestoredLevelPass(CustomGraphPass):  # type: ignore[misc]
+    """An unpickled ``LevelPass`` (e.g. in a compile subprocess): the same uuid, no
+    rewriting (the graph is left unoptimized at that level, never wrong)."""
+
+    def __init__(self, level: str, uuid: str) -> None:
+        self.level = level
+        self._uuid = uuid
+
+    def __call__(self, graph: fx.Graph) -> None:
+        return None
+
+    def uuid(self) -> str:
+        return self._uuid
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        return (_restored_level_pass, (self.level, self._uuid))
+
+
+def _restored_level_pass(level: str, uuid: str) -> _RestoredLevelPass:
+    return _RestoredLevelPass(level, uuid)
 
 
 def _cache_hits(counters: Any) -> collections.Counter[str]:

@@ -1,2 +1,160 @@
 """Inductor-IR rules (scheduler-node fusion). Imported by ``optimus.rules`` so they register
-with the others."""
+with the others.
+
+Three rules, run after Inductor's own fusion, in priority order:
+
+* ``fuse_producer_consumer`` (vertical): producer/consumer kernels that Inductor's own
+  fusion check accepts but its fusion loop left apart;
+* ``fuse_independent_kernels`` (horizontal): independent kernels over the same
+  iteration space become one kernel (Inductor only fuses kernels that share data);
+* ``combo_small_kernels`` (horizontal, GPU): independent small kernels that cannot
+  share a loop nest get one launch (a combo kernel).
+
+The driver checks legality (same device, no dependency path or cycle, Inductor's own
+``can_fuse``); the conditions below are the caps, and their docstrings are the decline
+reasons ``optimus explain`` shows.
+"""
+
+from __future__ import annotations
+
+from ..core.pattern import Op
+from . import compat
+from . import view as _view  # noqa: F401  (registers the scheduler-node kinds)
+from .rule import FusionBuilder, FusionMatch, fusion_rule
+
+KERNEL = Op(("pointwise", "reduction"))
+
+
+# ------------------------------------------------------------------------ conditions
+def _kernel_cap(m: FusionMatch) -> bool:
+    """size cap: the kernel already holds max_kernels independent kernels"""
+    return len(m.group) + 1 <= m.options["max_kernels"]
+
+
+def _node_cap(m: FusionMatch) -> bool:
+    """size cap: the fused kernel would exceed max_nodes IR operations"""
+    return m.members() <= m.options["max_nodes"]
+
+
+def _work_cap(m: FusionMatch) -> bool:
+    """cost cap: a kernel has more than max_work iteration points (bandwidth-bound; one launch saved is noise, a worse tiling is not)"""
+    cap = m.options["max_work"]
+    for n in m.nodes:
+        w = m.work(n)
+        if w is None or w > cap:
+            return False
+    return True
+
+
+def _near(m: FusionMatch) -> bool:
+    """too far apart in the schedule (more than max_distance nodes; fusing would extend buffer lifetimes)"""
+    limit = m.options["max_distance"]
+    return all(m.view.distance(n, m.candidate) <= limit for n in m.group)
+
+
+def _same_cpu_region(m: FusionMatch) -> bool:
+    """CPU: an extern call (matmul) lies between them; fusing would move work across it and split a C++ kernel function in two"""
+    device = m.call(m.candidate).get("device") if m.call(m.candidate) is not None else None
+    if device is None or device.type != "cpu":
+        return True
+    seg = m.view.segment(m.candidate)
+    return seg is not None and all(m.view.segment(n) == seg for n in m.group)
+
+
+def _short_reductions(m: FusionMatch) -> bool:
+    """cost cap: a reduction longer than max_rnumel runs long enough to hide its launch"""
+    limit = m.options["max_rnumel"]
+    for n in m.nodes:
+        r = m.view.rnumel(n)
+        try:
+            if int(r) > limit:
+                return False
+        except (TypeError, ValueError):
+            return False
+    return True
+
+
+# ----------------------------------------------------------------------------- rules
+@fusion_rule(
+    KERNEL,
+    pairing="producer_consumer",
+    kind="vertical",
+    priority=10,
+    where=[_node_cap],
+    options={"max_nodes": 64, "max_rounds": 10, "relaxed": False},
+)
+def fuse_producer_consumer(m: FusionMatch, b: FusionBuilder):
+    """A producer kernel and its consumer that Inductor's own fusion check accepts, but that
+    Inductor's fusion loop left apart, become one kernel.
+
+    k1: for i: t[i] = f(x[i]);  k2: for i: y[i] = g(t[i])   ->   k: for i: y[i] = g(f(x[i]))
+
+    Inductor tries, per round, only the candidate pairs of the backend's best priority
+    class and stops when a round fuses nothing: on CPU, outer-loop fusions (a row
+    reduction feeding an elementwise consumer, e.g. layer norm's statistics and its
+    normalisation) have a lower priority and are never tried when every better-priority
+    pair would create a cycle. This rule re-asks Inductor's own ``can_fuse`` (same
+    heuristics unless ``relaxed``) for every remaining producer/consumer pair, best
+    Inductor score first, until nothing changes.
+    """
+    return b.fuse(m.producer, m.consumer)
+
+
+@fusion_rule(
+    KERNEL,
+    pairing="independent",
+    kind="horizontal",
+    priority=20,
+    where=[_kernel_cap, _node_cap, _work_cap, _near, _same_cpu_region],
+    options={"max_kernels": 8, "max_nodes": 64, "max_work": 1 << 24, "max_distance": 64, "max_attempts": 64},
+)
+def fuse_independent_kernels(m: FusionMatch, b: FusionBuilder):
+    """Independent kernels over the same iteration space become one kernel.
+
+    k1: for i in I: a[i] = f(x[i])    k2: for i in I: c[i] = g(y[i])
+      ->  k: for i in I: { a[i] = f(x[i]); c[i] = g(y[i]) }
+
+    Inductor fuses two kernels only when they share data (a producer/consumer pair or a
+    common input); independent ones with the same iteration space stay separate
+    launches (GPU) or loop nests (CPU). Candidates are grouped by (device, numel,
+    rnumel); Inductor's own ``can_fuse`` decides whether the backend can generate the
+    pair as one kernel, with its shared-data, distance and peak-memory heuristics
+    replaced by this rule's caps.
+    """
+    return b.fuse(m.target, m.candidate)
+
+
+def _combinable(call, view) -> bool:
+    device = call.get("device")
+    return device is not None and device.type != "cpu" and compat.combinable(call.node)
+
+
+@fusion_rule(
+    Op(("pointwise", "reduction")).such_that(_combinable),
+    pairing="combo",
+    kind="horizontal",
+    priority=30,
+    where=[_kernel_cap, _work_cap, _short_reductions, _near],
+    options={
+        "max_kernels": 8,
+        "max_work": 1 << 20,
+        "max_rnumel": 2048,
+        "max_distance": 64,
+        "max_attempts": 64,
+        "verify_codegen": True,
+        "benchmark": False,
+    },
+)
+def combo_small_kernels(m: FusionMatch, b: FusionBuilder):
+    """Independent small kernels that cannot share a loop nest get one launch (GPU).
+
+    k1<<<g1>>>(x)   k2<<<g2>>>(y)   ->   k<<<g1 + g2>>>: block i < g1 runs k1, else k2
+
+    For kernels whose iteration spaces differ (so fusing them is illegal), a combo
+    kernel (Inductor's foreach/combo codegen) still saves the launches; it pays off for
+    launch-bound kernels, hence the caps on iteration points and reduction length (a
+    combo of 8 small kernels saves ~7 launches of a few microseconds each). The combo's
+    source is generated once before it is accepted (``verify_codegen``);
+    ``benchmark=True`` also times it against the separate kernels (slower compiles).
+    """
+    return b.combo(m.group, m.candidate)

@@ -1,0 +1,356 @@
+"""Everything Optimus touches inside Inductor's scheduler, behind version guards.
+
+Inductor's scheduler IR is private and changes between torch releases. This module is
+the only place that imports from it; every lookup is guarded so that a missing or
+renamed piece turns into "unsupported on this torch" (reported, nothing rewritten)
+instead of an exception. Checked against torch 2.11 and 2.13.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+from typing import Any, Callable, Iterator
+
+import torch
+
+log = logging.getLogger("optimus")
+
+try:
+    from torch._inductor import config as inductor_config
+except ImportError:  # pragma: no cover - torch without Inductor
+    inductor_config = None  # type: ignore[assignment]
+
+try:
+    from torch._inductor import scheduler as _sched
+except ImportError:  # pragma: no cover
+    _sched = None  # type: ignore[assignment]
+
+try:
+    from torch._inductor.virtualized import V
+except ImportError:  # pragma: no cover
+    V = None  # type: ignore[assignment]
+
+# --- pass base classes --------------------------------------------------------------
+# 2.11 only knows CustomGraphPass (and bypasses the FX graph cache when the pre-fusion
+# hook is anything else); 2.13 adds CustomSchedulerPass and bypasses the cache when a
+# scheduler hook is not one. A class deriving from both is accepted by both versions.
+try:
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+except ImportError:  # pragma: no cover
+    CustomGraphPass = None  # type: ignore[assignment,misc]
+try:
+    from torch._inductor.custom_graph_pass import CustomSchedulerPass
+except ImportError:  # torch 2.11
+    CustomSchedulerPass = None  # type: ignore[assignment,misc]
+
+PASS_BASES: tuple[type, ...] = tuple(b for b in (CustomSchedulerPass, CustomGraphPass) if b is not None) or (object,)
+
+HOOKS = ("_pre_fusion_custom_pass", "_post_fusion_custom_pass")
+
+
+def hooks_supported() -> tuple[bool, str]:
+    """Can this torch run scheduler passes? ``(ok, why not)``."""
+    if inductor_config is None or _sched is None or V is None:
+        return False, "torch._inductor is not importable"
+    missing = [h for h in HOOKS if not hasattr(inductor_config, h)]
+    if missing:
+        return False, f"this torch ({torch.__version__}) has no {', '.join(missing)} config hook"
+    needed = ("Scheduler", "BaseSchedulerNode", "SchedulerNode", "FusedSchedulerNode")
+    missing = [n for n in needed if not hasattr(_sched, n)]
+    if missing:
+        return False, f"this torch ({torch.__version__}) has no scheduler class(es) {', '.join(missing)}"
+    if not hasattr(V, "set_choices_handler"):
+        return False, f"this torch ({torch.__version__}) cannot swap InductorChoices (V.set_choices_handler)"
+    return True, ""
+
+
+# --- scheduler node classes -----------------------------------------------------------
+
+
+def sched_class(name: str) -> type | None:
+    cls = getattr(_sched, name, None) if _sched is not None else None
+    return cls if isinstance(cls, type) else None
+
+
+def cpp_class(name: str) -> type | None:
+    try:
+        from torch._inductor.codegen import cpp
+    except Exception:  # pragma: no cover - backend not importable
+        return None
+    cls = getattr(cpp, name, None)
+    return cls if isinstance(cls, type) else None
+
+
+def current_scheduler() -> Any:
+    """The scheduler running the hook (Inductor sets ``V.graph.scheduler`` first thing)."""
+    graph = V.graph
+    sch = getattr(graph, "scheduler", None)
+    if sch is None:
+        raise RuntimeError("no scheduler on V.graph")
+    return sch
+
+
+def graph_kind() -> str:
+    """``forward``, ``backward`` or ``inference`` for the graph being scheduled."""
+    try:
+        graph = V.graph
+    except Exception:  # pragma: no cover
+        return "graph"
+    if getattr(graph, "is_backward", False):
+        return "backward"
+    if getattr(graph, "is_inference", False):
+        return "inference"
+    return "forward"
+
+
+# --- fusion primitives ----------------------------------------------------------------
+
+
+def fuse_two(scheduler: Any, node1: Any, node2: Any, live: Any) -> Any:
+    """Fuse two scheduler nodes the way Inductor's own fusion loop does.
+
+    ``live`` is the ordered set of current nodes (updated in place). Uses
+    ``Scheduler.fuse_two_nodes`` where it exists (2.11, 2.13: it also keeps stream
+    assignments), else the backend's ``fuse`` and the bookkeeping by hand.
+    """
+    fn = getattr(scheduler, "fuse_two_nodes", None)
+    if fn is not None:
+        try:
+            return fn(node1, node2, live)
+        except TypeError:  # a different signature: fall through to the manual path
+            pass
+    device = node1.get_device()
+    node3 = scheduler.get_backend(device).fuse(node1, node2)
+    live.remove(node1)
+    live.remove(node2)
+    live.add(node3)
+    scheduler.name_to_fused_node.update({n.get_name(): node3 for n in node3.get_nodes()})
+    streams = getattr(scheduler, "node_to_stream", None)
+    if isinstance(streams, dict) and node1 in streams:
+        streams[node3] = streams[node1]
+    return node3
+
+
+def make_combo(scheduler: Any, members: list[Any]) -> Any:
+    """A combo (foreach) kernel node over independent ``members`` (GPU backends only)."""
+    cls = sched_class("ForeachKernelSchedulerNode")
+    if cls is None:
+        raise RuntimeError("this torch has no ForeachKernelSchedulerNode")
+    kwargs: dict[str, Any] = {"use_custom_partition_algo": True}
+    params = inspect.signature(cls.__init__).parameters
+    if "enable_autotune" in params:
+        kwargs["enable_autotune"] = getattr(inductor_config, "combo_kernels_autotune", 0) > 0
+    if "per_subkernel_blocks" in params:
+        kwargs["per_subkernel_blocks"] = bool(getattr(inductor_config, "combo_kernel_per_subkernel_blocks", False))
+    node = cls(scheduler, list(members), **kwargs)
+    scheduler.name_to_fused_node.update({n.get_name(): node for n in node.get_nodes()})
+    streams = getattr(scheduler, "node_to_stream", None)
+    if isinstance(streams, dict) and members[0] in streams:
+        streams[node] = streams[members[0]]
+    return node
+
+
+def combo_backend(scheduler: Any, device: Any) -> Any:
+    """The Triton scheduling object able to generate combo kernels on ``device``, or None."""
+    if device is None or device.type == "cpu":
+        return None
+    try:
+        backend = scheduler.get_backend(device)
+    except Exception:
+        return None
+    triton = getattr(backend, "_triton_scheduling", backend)
+    if not hasattr(triton, "generate_combo_kernel_code") or not hasattr(backend, "codegen_combo_kernel"):
+        return None
+    return triton
+
+
+def trial_combo_codegen(scheduler: Any, members: list[Any]) -> None:
+    """Generate (not compile) the combo kernel's source, as Inductor's combo benchmark
+    does, to find out now whether codegen would fail; raises if it would."""
+    device = members[0].get_device()
+    triton = combo_backend(scheduler, device)
+    if triton is None:
+        raise RuntimeError(f"no combo-kernel backend for {device}")
+    graph = V.graph
+    removed, inplaced = graph.removed_buffers, graph.inplaced_to_remove
+    graph.removed_buffers = type(removed)(removed)
+    graph.inplaced_to_remove = type(inplaced)(inplaced)
+    kwargs: dict[str, Any] = {
+        "subkernel_nodes": list(members),
+        "custom_part_algorithm": True,
+        "enable_autotune": False,
+        "mixed_sizes": getattr(inductor_config, "combo_kernel_allow_mixed_sizes", 1) > 0,
+        "only_gen_src_code": True,
+    }
+    params = inspect.signature(triton.generate_combo_kernel_code).parameters
+    kwargs = {k: v for k, v in kwargs.items() if k in params}
+    # Codegen asks for the current device, which Inductor only sets while it generates
+    # code (V.graph.current_device; a Scheduler attribute in some versions).
+    holders = [h for h in (graph, scheduler) if "current_device" in vars(h)]
+    priors = [(h, h.current_device) for h in holders]
+    try:
+        for h in holders:
+            h.current_device = device
+        triton.generate_combo_kernel_code(**kwargs)
+    finally:
+        graph.removed_buffers, graph.inplaced_to_remove = removed, inplaced
+        for h, prior in priors:
+            h.current_device = prior
+
+
+def combinable(node: Any) -> bool:
+    """Inductor's own filter for combo-kernel members."""
+    cls = sched_class("ForeachKernelSchedulerNode")
+    fn = getattr(cls, "combinable_nodes", None)
+    if fn is None:
+        return False
+    try:
+        return list(fn([node])) == [node]
+    except Exception:
+        return False
+
+
+def topo_sort(scheduler: Any, nodes: list[Any]) -> list[Any]:
+    nodes = sorted(nodes, key=lambda n: getattr(n, "min_order", 0))
+    return list(scheduler.topological_sort_schedule(nodes))
+
+
+# --- Inductor's fusion decision, with its profitability heuristics relaxed ------------
+
+
+class _Relaxed:
+    """Delegates to the active ``InductorChoices`` but waives the heuristics that
+    Inductor documents as "not needed for correctness" (shared-data score, score
+    threshold, node distance, peak-memory guess). Legality stays with the scheduler
+    and the backend; Optimus's own conditions (caps) replace the heuristics."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def can_fuse(self, *args: Any, **kwargs: Any) -> bool:
+        return True
+
+    def can_fuse_horizontal(self, *args: Any, **kwargs: Any) -> bool:
+        return True
+
+
+class _ReasonCatcher(logging.Filter):
+    """Collects Inductor's ``WhyNoFuse`` messages (and keeps them out of the logs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reasons: list[str] = []
+        self.passthrough = False  # the user asked for fusion logs: let records through
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.msg
+        if type(msg).__name__ == "WhyNoFuse":
+            try:
+                reason = getattr(msg, "reason", "") % getattr(msg, "args", ())
+            except Exception:
+                reason = str(getattr(msg, "reason", msg))
+            self.reasons.append(str(reason))
+        return self.passthrough
+
+
+_CATCHER: list[_ReasonCatcher] = []
+
+
+@contextlib.contextmanager
+def catch_fusion_reasons() -> Iterator[_ReasonCatcher]:
+    """While active, ``inductor_can_fuse`` reports Inductor's own reason for a "no".
+
+    Enabling the fusion logger is costly (``Logger.setLevel`` clears every logger's
+    cache), so this wraps a whole pass, not each check.
+    """
+    catcher = _ReasonCatcher()
+    flog = getattr(_sched, "fusion_log", None)
+    if not isinstance(flog, logging.Logger):
+        yield catcher
+        return
+    old_level = flog.level
+    catcher.passthrough = flog.isEnabledFor(logging.DEBUG)
+    flog.addFilter(catcher)
+    if not catcher.passthrough:
+        flog.setLevel(logging.DEBUG)
+    _CATCHER.append(catcher)
+    try:
+        yield catcher
+    finally:
+        _CATCHER.remove(catcher)
+        if flog.level != old_level:
+            flog.setLevel(old_level)
+        flog.removeFilter(catcher)
+
+
+def inductor_can_fuse(scheduler: Any, node1: Any, node2: Any, relaxed: bool) -> tuple[bool, str]:
+    """Inductor's ``Scheduler.can_fuse`` (legality: node kinds, templates, devices,
+    dependencies, the backend's loop-shape and tiling checks), with its profitability
+    heuristics waived when ``relaxed``. Returns ``(ok, Inductor's reason if not)``."""
+    caught = _CATCHER[-1].reasons if _CATCHER else []
+    del caught[:]
+    if relaxed:
+        with V.set_choices_handler(_Relaxed(V.choices)):
+            ok = bool(scheduler.can_fuse(node1, node2))
+    else:
+        ok = bool(scheduler.can_fuse(node1, node2))
+    if ok and scheduler.will_fusion_create_cycle(node1, node2):
+        return False, "would create a cycle"
+    if ok:
+        return True, ""
+    reason = caught[-1] if caught else "the backend cannot generate them as one kernel"
+    return False, reason
+
+
+def inductor_score(scheduler: Any, node1: Any, node2: Any) -> Any:
+    """Inductor's fusion priority for a pair (higher first), or None if unavailable."""
+    fn = getattr(scheduler, "score_fusion_key", None)
+    if fn is None:
+        return None
+    try:
+        return fn((node1, node2))
+    except Exception:
+        return None
+
+
+def restore_state(scheduler: Any, saved: dict[str, Any]) -> None:
+    scheduler.name_to_fused_node.clear()
+    scheduler.name_to_fused_node.update(saved["name_to_fused_node"])
+    streams = getattr(scheduler, "node_to_stream", None)
+    if isinstance(streams, dict) and saved.get("node_to_stream") is not None:
+        streams.clear()
+        streams.update(saved["node_to_stream"])
+
+
+def save_state(scheduler: Any) -> dict[str, Any]:
+    streams = getattr(scheduler, "node_to_stream", None)
+    return {
+        "name_to_fused_node": dict(scheduler.name_to_fused_node),
+        "node_to_stream": dict(streams) if isinstance(streams, dict) else None,
+    }
+
+
+def ordered_set(items: list[Any]) -> Any:
+    try:
+        from torch.utils._ordered_set import OrderedSet
+    except ImportError:  # pragma: no cover
+        return _ListSet(items)
+    return OrderedSet(items)
+
+
+class _ListSet(list):  # pragma: no cover - fallback for torch without OrderedSet
+    def add(self, x: Any) -> None:
+        if x not in self:
+            self.append(x)
+
+
+def call_safely(fn: Callable[[], Any], default: Any) -> Any:
+    try:
+        return fn()
+    except Exception:
+        return default
