@@ -33,7 +33,7 @@ def _inductor(model: nn.Module) -> Callable[..., Any]:
     return torch.compile(model, fullgraph=True)
 
 
-def _optimus(passes: str) -> Callable[[nn.Module], Callable[..., Any]]:
+def _optimus(passes: Any) -> Callable[[nn.Module], Callable[..., Any]]:
     def wrap(model: nn.Module) -> Callable[..., Any]:
         import optimus
 
@@ -128,6 +128,13 @@ CONFIGS: dict[str, BenchConfig] = {
             "optimus-horizontal", "optimus.compile(passes='horizontal')", True, _optimus("horizontal"), _nothing
         ),
         BenchConfig("optimus", "optimus.compile(passes='all')", True, _optimus("all"), _nothing),
+        BenchConfig(
+            "optimus-fx",
+            "optimus.compile with the Torch-IR and Aten-IR rules only (no Inductor-IR passes)",
+            True,
+            _optimus({"torch_ir": "all", "aten_ir": "all", "inductor_ir": "none"}),  # type: ignore[arg-type]
+            _nothing,
+        ),
     ]
 }
 
