@@ -1,0 +1,252 @@
+"""Bugs the fuzzer found, as minimized reproducers, kept as regression tests.
+
+Found by ``optimus fuzz`` (seeds 0, 11 and 2024) and minimized by its shrinker. Each was
+an ``xfail(strict=True)`` test until its fix landed (see docs/fuzzing.md, "Bugs found");
+each docstring says what went wrong and what now prevents it."""
+
+from __future__ import annotations
+
+import pytest
+
+from optimus.fuzz import InputSpec, check_source
+
+
+@pytest.mark.parametrize("call", ["x0.split(2, dim=1)", "torch.chunk(x0, 1, dim=1)", "torch.split(x0, 3, -1)"])
+def test_split_of_a_zero_size_dim(call):
+    """Zero-size split dims. core/view.py ``GraphView._split_sizes`` expanded an int split
+    size over a dim of size 0 to ``[]`` (torch returns one empty chunk, i.e. ``[0]``);
+    ``canonicalize_split_cat_args`` respelled the split as ``torch.split(x, [], d)``, which
+    returns no chunks, and the getitem raised ``IndexError``. The respell reuses the old
+    metadata, so validation could not see the change. Fixed: the expansion gives ``[0]``
+    (and ``torch.chunk`` of an empty dim gives ``chunks`` empty sections)."""
+    src = f"""
+def f(x0):
+    v0 = {call}
+    return (v0[0] + 1,)
+"""
+    problem = check_source(src, [InputSpec("x0", (3, 0), "float32", seed=1)], level="both", grad=False)
+    assert problem is None, problem
+
+
+def test_stack_of_unbind_output_view_aliases_input():
+    """Outputs that are views of a replaced node. unbind_stack_to_view: ``stack([b])`` (a new
+    buffer) became a view of x0; the output is a squeeze of it, so after the rewrite the
+    output aliased the input. ``AliasAnalysis.output_alias_problem`` only checked outputs
+    that *are* the replaced node; now every output reached from it through views counts."""
+    src = """
+def f(x0):
+    a, b = x0.unbind(0)
+    s = torch.stack([b], 0)
+    return (s.squeeze(-1),)
+"""
+    problem = check_source(src, [InputSpec("x0", (2,), "float32", seed=1)], level="torch_ir")
+    assert problem is None, problem
+
+
+def test_cat_split_contiguous_output_aliases_input():
+    """Outputs that are views of a replaced node. cat_split_to_inputs: ``split(cat([x0,
+    x0]))[0]`` became x0, and ``.contiguous()`` of it is x0 itself (the chunk it replaced
+    was contiguous too, but of a fresh buffer). ``contiguous``/``reshape`` count as views
+    when following outputs, since they return their input when they can."""
+    src = """
+def f(x0):
+    c = torch.cat([x0, x0], 1)
+    a, b = c.split([1, 1], 1)
+    return (a.contiguous(),)
+"""
+    problem = check_source(src, [InputSpec("x0", (1, 1), "float32", seed=1)], level="torch_ir")
+    assert problem is None, problem
+
+
+def test_stack_of_selects_sees_a_later_write_to_the_input():
+    """Outputs that are views of a replaced node, with wrong values at Aten-IR.
+    unbind_cat_to_view: the stack of every row of x0 (decomposed to cat + view) became
+    ``reshape(x0)``; x0 is written afterwards, and AOTAutograd writes the input mutation
+    back into x0 after the graph, so the returned tensor (a view of the replaced cat)
+    changed too. The output check now follows the view from the cat to the output."""
+    src = """
+def f(x0):
+    s = torch.stack([x0.select(0, 0), x0.select(0, 1)], 0)
+    x0[0].neg_()
+    return (s,)
+"""
+    problem = check_source(src, [InputSpec("x0", (2, 2), "float32", seed=1)], level="aten_ir", grad=False)
+    assert problem is None, problem
+
+
+@pytest.mark.parametrize(
+    "level, body",
+    [
+        ("aten_ir", "s = torch.stack([t[:, 0], t[:, 1]], 1)\n    return (s.reshape(-1),)"),  # reshape -> aten.view
+        ("torch_ir", "s = torch.stack([t[:, 0], t[:, 1]], 1)\n    return (s.view(-1),)"),
+        ("torch_ir", "a, b = t.split([1, 1], 1)\n    s = torch.cat([a, b], 1)\n    return (s.view(-1),)"),
+    ],
+)
+def test_view_of_a_replacement_with_other_strides(level, body):
+    """Strides. A rule replaced a fresh contiguous cat/stack result by an existing
+    non-contiguous tensor (a transpose view); a later ``aten.view`` / ``Tensor.view`` of it
+    raised. The driver checked shape, dtype and device but not strides; now it evaluates
+    the users of a replaced node on the replacement's layout and declines when one
+    rejects it."""
+    src = f"""
+def f(x0):
+    t = x0.transpose(0, 1)
+    {body}
+"""
+    problem = check_source(src, [InputSpec("x0", (2, 3), "float32", seed=1)], level=level)
+    assert problem is None, problem
+
+
+@pytest.mark.parametrize("level, tail", [("aten_ir", "s.reshape(-1)"), ("torch_ir", "s.view(-1)")])
+def test_view_of_a_cat_of_adjacent_chunks(level, tail):
+    """Strides: cat_adjacent_segments turns ``cat(a, b)`` of the first chunks into the
+    slice ``x0[:, :4]``, which is not contiguous, and the view of it raised."""
+    src = f"""
+def f(x0):
+    a, b, c = x0.split([2, 2, 1], -1)
+    s = torch.cat([a, b], -1)
+    return ({tail},)
+"""
+    problem = check_source(src, [InputSpec("x0", (2, 5), "float32", seed=1)], level=level)
+    assert problem is None, problem
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_hoisted_pointwise_result_written_in_place(grad):
+    """hoist_pointwise_through_split turned per-chunk results (fresh buffers) into chunks of
+    one split (views of one buffer); one of them is written in place afterwards. With grad,
+    autograd rejected the write to a multi-output view; without, the outputs shared
+    storage. The driver's mutation check only covered the matched nodes, not the users the
+    rule rewrites; now it also declines when a replaced node aliases a written tensor."""
+    src = """
+def f(x0):
+    a, b = x0.split([1, 1], 1)
+    u = a * 2
+    w = b * 2
+    w.mul_(3)
+    return (u, w)
+"""
+    problem = check_source(src, [InputSpec("x0", (2, 2), "float32", seed=1)], level="torch_ir", grad=grad)
+    assert problem is None, problem
+
+
+@pytest.mark.parametrize("pieces", ["x0.split(1, dim=1)", "x0.unbind(1)"])
+def test_stack_of_pieces_of_an_input_written_later(pieces):
+    """In-place writes the driver did not see. split_stack_to_view / unbind_stack_to_view
+    match ``Op(stack).such_that(...)`` and find the split or unbind source with helpers, so
+    the match captured no node but the stack; ``Driver._check_region`` missed that x0 is
+    written in place afterwards, and the stack (a copy) became a view of x0 that saw the
+    write. Now the driver declines any replacement that reads a tensor aliasing a written
+    one, whatever the pattern captured."""
+    src = f"""
+def f(x0):
+    a, b = {pieces}
+    s = torch.stack([a, b], 1)
+    x0.add_(1)
+    return (s * 1,)
+"""
+    problem = check_source(src, [InputSpec("x0", (2, 2), "float32", seed=1)], level="torch_ir", grad=False)
+    assert problem is None, problem
+
+
+def test_fuzz_seed0_case10_torch_ir():
+    """The in-place write the driver did not see, as minimized by the fuzzer (seed 0,
+    case 10): the stack of the single chunk became a view of x0, then ``x0.relu_()``."""
+    src = """
+def f(x0):
+    v1, = torch.split(x0, split_size_or_sections=4, dim=-1)
+    v3 = torch.stack([v1], dim=-2)
+    v5, = torch.chunk(v3, chunks=1, dim=0)
+    x0.relu_()
+    return (v5,)
+"""
+    problem = check_source(src, [InputSpec("x0", (1,), "float32", seed=1407773507)], level="torch_ir", grad=False)
+    assert problem is None, problem
+
+
+def test_fold_reshape_chain_dynamic_shapes():
+    """fold_reshape_chain with dynamic shapes emitted ``reshape(x, (1, s0, s1))`` for a view
+    whose shape is ``(1, 2, (s0*s1)//2)``; the driver could not prove them equal, rolled the
+    rewrite back and reported a rule error at both levels. Now the rule reuses the outer
+    op's shape argument as written and declines cleanly when the shapes still cannot be
+    proven equal."""
+    src = """
+def f(x0):
+    v0 = x0.reshape([12])
+    v1 = v0.view((1, 2, 6))
+    return (v1,)
+"""
+    problem = check_source(src, [InputSpec("x0", (1, 2, 6), "float32", seed=1)], level="both", grad=False, dynamic=True)
+    assert problem is None, problem
+
+
+@pytest.mark.parametrize("level", ["torch_ir", "aten_ir"])
+def test_cat_split_with_type_promotion(level):
+    """cat_split_to_inputs ignored type promotion: ``split(cat([f32, f32, f64]))[0]`` is
+    float64, and the rule returned the float32 input (rolled back by validation, reported
+    as a rule error). The cat- and stack-eliminating rules now decline when the cat or
+    stack promotes an input's dtype."""
+    src = """
+def f(x0, x1):
+    v8 = torch.cat([x0, x0, x1], dim=-1)
+    v9 = v8.split([3, 3, 3], -1)
+    return (v9,)
+"""
+    inputs = [InputSpec("x0", (1, 3), "float32", seed=1), InputSpec("x1", (1, 3), "float64", seed=2)]
+    problem = check_source(src, inputs, level=level, grad=False)
+    assert problem is None, problem
+
+
+@pytest.mark.parametrize(
+    "level, body, shape",
+    [
+        ("torch_ir", "v3 = torch.concat([x0, x0])\n    v6 = torch.split(v3, 2, dim=-2)\n    v9 = v6[0].split(split_size=1, dim=0)", (0, 1)),
+        ("aten_ir", "v2 = torch.split(x0, [0, 1], -2)\n    v5 = v2[0].contiguous()\n    v9 = v5.split(split_size=2, dim=0)", (1, 1)),
+    ],
+)
+def test_rules_on_splits_of_zero_size_dims(level, body, shape):
+    """Zero-size split dims inside merge_splits / cat_split_to_inputs: the ``[]`` sizes
+    raised ``IndexError`` or built wrong sections (rolled back, reported as rule errors)."""
+    src = f"""
+def f(x0):
+    {body}
+    return (v9,)
+"""
+    problem = check_source(src, [InputSpec("x0", shape, "float32", seed=1)], level=level, grad=False)
+    assert problem is None, problem
+
+
+def test_fuzz_seed11_case125_aten_ir():
+    """Found after the fixes above (seed 11, case 125): split_cat_other_dim_to_view under
+    dynamic shapes reshaped a tensor with a zero-size dim to ``[1, 3, 0, -1]``; torch
+    cannot infer a ``-1`` next to a size 0 and raised (a rule error). ``emittable_shape``
+    and the rules that build reshape targets now decline such shapes."""
+    src = """
+def f(x1):
+    v0, = torch.split(x1, 3, -3)
+    v3, = torch.split(v0, split_size_or_sections=(3,), dim=-3)
+    v4 = torch.concatenate([v0], axis=1)
+    return (v3, v4)
+"""
+    inputs = [InputSpec("x1", (3, 0, 2), "float32", seed=421516460)]
+    problem = check_source(src, inputs, level="aten_ir", grad=False, dynamic=True)
+    assert problem is None, problem
+
+
+@pytest.mark.parametrize("level", ["aten_ir", "torch_ir"])
+def test_fuzz_seed1014_case56_view_after_a_strided_replacement(level):
+    """Found by the 10,000-case run on the H200 (seed 1014, case 56): unbind_cat_to_view
+    turns the stack into reshape(permute(x0)), a non-contiguous view; the flatten after it
+    is an ``aten.view`` at Aten-IR, which cannot view those strides. The driver re-ran the
+    view on fake tensors, which do not check viewability, so the rewrite was accepted and
+    the graph raised. The driver now checks ``view`` users with ``safety.viewable``."""
+    src = """
+def f(x0):
+    v1 = torch.unbind(x0, 2)
+    v2 = torch.stack([v1[0], v1[1]], dim=0)
+    v5 = v2.flatten(0)
+    v8 = v5.neg()
+    return (v8,)
+"""
+    problem = check_source(src, [InputSpec("x0", (1, 2, 2), "float32", seed=387581032)], level=level, grad=False)
+    assert problem is None, problem
