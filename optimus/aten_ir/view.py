@@ -262,6 +262,9 @@ class AtenIRView(GraphView):
         except Exception:
             return None
 
+    def outputs_are_gradients(self) -> bool:
+        return any(n.op == "placeholder" and n.name.startswith("tangents") for n in self.graph.nodes)
+
     def mutated_inputs(self, node: fx.Node) -> list[fx.Node]:
         target = node.target
         schema = getattr(target, "_schema", None)

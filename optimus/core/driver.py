@@ -36,13 +36,14 @@ import torch.fx as fx
 from .registry import PassConfig
 from .report import GraphReport, Report, RuleStats
 from .rule import Builder, Decline, Rule, condition_reason
-from .safety import AliasAnalysis
+from .safety import MAY_ALIAS_OPS, AliasAnalysis, layout_difference, reads_layout, viewable
 from .symbolic import known_eq, known_sizes_eq
 from .view import GraphView
 
 log = logging.getLogger("optimus")
 
 DEAD_CODE = "dead_code_elimination"
+_MAX_RELAYOUT = 256  # users evaluated again for one rewrite that changes memory layout
 
 
 class Driver:
@@ -133,8 +134,8 @@ class Driver:
                 raise Decline(reason)
             builder = Builder(self.view, anchor)
             pairs = self._pairs(rule.group_replace(group, builder), anchor)
-            early = self._validate(pairs, builder)
-            self._commit(rule, anchor, pairs, builder, stats, early)
+            checked = self._validate(pairs, builder, group=True)
+            self._commit(rule, anchor, pairs, builder, stats, checked)
             return True
         except Decline as d:
             self._discard(builder)
@@ -191,8 +192,8 @@ class Driver:
             builder = Builder(self.view, anchor)
             result = rule.replace(match, builder)
             pairs = self._pairs(result, anchor)
-            early = self._validate(pairs, builder)
-            self._commit(rule, anchor, pairs, builder, stats, early)
+            checked = self._validate(pairs, builder)
+            self._commit(rule, anchor, pairs, builder, stats, checked)
             return True
         except Decline as d:
             self._discard(builder)
@@ -235,17 +236,20 @@ class Driver:
                 raise TypeError("replacements map nodes to nodes")
         return pairs
 
-    def _validate(self, pairs: list[tuple[fx.Node, fx.Node]], builder: Builder) -> fx.Node | None:
-        """Check the rewrite; return the earliest user that must move after the new nodes."""
+    def _validate(self, pairs: list[tuple[fx.Node, fx.Node]], builder: Builder, group: bool = False) -> tuple[fx.Node | None, dict[fx.Node, Any]]:
+        """Check the rewrite. Return the earliest user that must move after the new nodes,
+        and the new metadata of users whose layout the replacement changes."""
         new_set = set(builder.new_nodes)
         early: fx.Node | None = None
         for old, new in pairs:
             if old._erased or new._erased:
                 raise RuntimeError("replacement refers to an erased node")
             _check_same_value(self.view, old, new)
-            problem = self.alias.output_alias_problem(old, new)
-            if problem:
-                raise Decline(problem)
+        problem = self._mutation_problem(pairs, builder) or self.alias.outputs_problem(pairs, disjoint_chunks_ok=group)
+        if problem:
+            raise Decline(problem)
+        relaid = self._layout_changes(pairs, new_set)
+        for old, new in pairs:
             for user in old.users:
                 if user not in new_set and not new._sort_key < user._sort_key:
                     if user.op == "output":
@@ -256,9 +260,114 @@ class Driver:
             for inp in node.all_input_nodes:
                 if inp._erased or not inp._sort_key < node._sort_key:
                     raise RuntimeError(f"new node {node.name} uses {inp.name} before it is defined")
-        return early
+        return early, relaid
 
-    def _commit(self, rule: Rule, anchor: fx.Node, pairs: list[tuple[fx.Node, fx.Node]], builder: Builder, stats: RuleStats, early: fx.Node | None) -> None:
+    def _mutation_problem(self, pairs: list[tuple[fx.Node, fx.Node]], builder: Builder) -> str | None:
+        """Why the rewrite could let an in-place write show through where it did not (or
+        hide it where it showed), if it could.
+
+        A replaced node that aliases a written tensor changes what sees the write. A
+        replacement that reads a written tensor (directly, or through the nodes it builds)
+        may turn a copy into a view of it, or read it at another point of the program.
+        Rules capture only what their pattern names; this covers what they find with
+        helpers and the users they rewrite (all at once, for every rule).
+        """
+        if not self.alias.mutated:
+            return None
+        new_set = set(builder.new_nodes)
+        for old, _ in pairs:
+            if self.alias.is_mutated(old):
+                return f"{old.name} would be replaced, but it aliases a tensor mutated in place"
+        reads: list[fx.Node] = [new for _, new in pairs if new not in new_set]
+        for node in builder.new_nodes:
+            reads.extend(i for i in node.all_input_nodes if i not in new_set)
+        for node in dict.fromkeys(reads):
+            if self.alias.is_mutated(node):
+                return f"the replacement reads {node.name}, which aliases a tensor mutated in place"
+        return None
+
+    def _layout_changes(self, pairs: list[tuple[fx.Node, fx.Node]], new_set: set[fx.Node]) -> dict[fx.Node, Any]:
+        """The users whose values change memory layout when each ``old`` becomes its
+        ``new``, with their new metadata; ``Decline`` if any of them cannot take it.
+
+        A rewrite may replace a fresh contiguous tensor (a ``cat``, a ``stack``) by an
+        existing one with other strides or another storage offset (a transpose, a slice).
+        The users of ``old`` are evaluated again on ``new``'s metadata, and so on
+        downstream while results still change layout (an elementwise op keeps its input's
+        strides; a ``view`` of a changed tensor is changed too). The rewrite declines when
+        an op rejects the new layout (``view`` needs compatible strides), reads the raw
+        layout (``as_strided``), writes a changed tensor in place, or cannot be evaluated.
+        A difference in storage offset alone only matters to views and unknown ops.
+        The driver stores the new metadata on commit, so later rewrites see real strides.
+        """
+        replace: dict[fx.Node, Any] = {}
+        incoming: dict[fx.Node, str] = {}  # queued user -> how its inputs changed ("strides" wins over "offset")
+        heap: list[tuple[Any, fx.Node]] = []  # in graph order: a node's changed inputs come first
+
+        def push_users(node: fx.Node, kind: str) -> None:
+            for user in node.users:
+                if user in new_set:
+                    continue
+                if user not in incoming:
+                    heapq.heappush(heap, (user._sort_key, user))
+                if incoming.get(user) != "strides":
+                    incoming[user] = kind
+
+        for old, new in pairs:
+            a, b = self.view.val(old), self.view.val(new)
+            if a is None or b is None:
+                continue  # graphs without metadata: nothing to compare (as for shapes)
+            replace[old] = b
+            diff = layout_difference(a, b)
+            if diff is not None:
+                push_users(old, diff)
+        relaid: dict[fx.Node, Any] = {}
+        evaluated = 0
+        while heap:
+            _, user = heapq.heappop(heap)
+            kind = incoming[user]
+            if user.op == "output":
+                continue  # outputs may come back with other strides (as before)
+            source = next((i.name for i in user.all_input_nodes if i in replace), "?")
+            if reads_layout(user):
+                raise Decline(f"{user.name} reads the memory layout of {source}, which the rewrite changes")
+            if self.view.mutated_inputs(user):
+                raise Decline(f"{user.name} writes in place into {source}, whose memory layout the rewrite changes")
+            call = self.view.classify(user)
+            if call is not None and call.op == "view" and kind == "strides":
+                # fake tensors do not check that a view is possible: check it here
+                src = call.get("input")
+                shape = getattr(self.view.val(user), "shape", None)
+                value = replace.get(src) if isinstance(src, fx.Node) else None
+                if value is not None and (shape is None or not viewable(value, shape)):
+                    raise Decline(f"{user.name} does not accept the memory layout the rewrite gives {source}: a view of those strides with shape {tuple(shape) if shape is not None else '?'} is impossible")
+            if kind != "strides" and call is not None and call.op not in MAY_ALIAS_OPS:
+                continue  # the result is fresh and laid out as before: only the offset moved
+            evaluated += 1
+            if evaluated > _MAX_RELAYOUT:
+                raise Decline(f"the rewrite changes the memory layout of more than {_MAX_RELAYOUT} nodes")
+            try:
+                result = self.view.evaluate(user, replace)
+            except Exception as e:
+                why = (str(e).strip().splitlines() or [""])[0][:160]
+                raise Decline(f"{user.name} does not accept the memory layout the rewrite gives {source}: {type(e).__name__}: {why}") from None
+            diff = layout_difference(self.view.val(user), result)
+            if diff is None and not _shares_storage_with(result, [relaid[i] for i in user.all_input_nodes if i in relaid]):
+                continue
+            relaid[user] = replace[user] = result
+            push_users(user, diff or "offset")
+        return relaid
+
+    def _commit(
+        self,
+        rule: Rule,
+        anchor: fx.Node,
+        pairs: list[tuple[fx.Node, fx.Node]],
+        builder: Builder,
+        stats: RuleStats,
+        checked: tuple[fx.Node | None, dict[fx.Node, Any]],
+    ) -> None:
+        early, relaid = checked
         new_set = set(builder.new_nodes)
         changed: list[tuple[fx.Node, fx.Node, list[fx.Node]]] = []
         for old, new in pairs:
@@ -268,8 +377,13 @@ class Driver:
                 for u in users:
                     u.replace_input_with(new, old)
             raise Decline("the replacement depends on a user of what it replaces (a cycle)")
+        for node, value in relaid.items():
+            _set_meta(self.view, node, value)
         for node in builder.new_nodes:
             self.alias.add(node)
+        for _, _, users in changed:
+            self.alias.rewire(users)
+        self.alias.rewire(relaid)
         erased = self._dead_code([old for old, _ in pairs] + builder.new_nodes)
         erased_new = sum(1 for n in erased if n in new_set)
         stats.matched += 1
@@ -317,6 +431,28 @@ class Driver:
         if erased:
             self.report.stats(DEAD_CODE).removed += len(erased)
             self.report.stats(DEAD_CODE).matched += len(erased)
+
+
+def _shares_storage_with(value: Any, others: list[Any]) -> bool:
+    """Does ``value`` (a tensor or tuple of them) share storage with any of ``others``?"""
+    if not others:
+        return False
+    from .safety import _storage_keys
+
+    mine = _storage_keys(value) or set()
+    return any(mine & (_storage_keys(o) or set()) for o in others)
+
+
+def _set_meta(view: GraphView, node: fx.Node, value: Any) -> None:
+    """Store a node's re-evaluated value (and its tensor_meta, where the graph has one)."""
+    node.meta[view.meta_key] = value
+    if "tensor_meta" in node.meta and isinstance(value, torch.Tensor):
+        try:
+            from torch.fx.passes.shape_prop import _extract_tensor_metadata
+
+            node.meta["tensor_meta"] = _extract_tensor_metadata(value)
+        except Exception:  # pragma: no cover - best effort across torch versions
+            node.meta.pop("tensor_meta", None)
 
 
 def _check_same_value(view: GraphView, old: fx.Node, new: fx.Node) -> None:

@@ -212,9 +212,13 @@ class GraphView:
     def _split_sizes(sizes: Any, shape: tuple[Any, ...] | None, dim: Any) -> Any:
         if isinstance(sizes, (list, tuple)):
             return list(sizes)
-        if is_int(sizes) and sizes > 0 and shape is not None and is_int(dim) and dim < len(shape):
+        if is_int(sizes) and sizes >= 0 and shape is not None and is_int(dim) and dim < len(shape):
             total = shape[dim]
             if is_int(total):
+                if total == 0:
+                    return [0]  # torch returns one empty chunk, whatever the split size
+                if sizes == 0:
+                    return sizes  # invalid (torch raises): leave it as written
                 full, rem = divmod(total, sizes)
                 return [sizes] * full + ([rem] if rem else [])
         return sizes
@@ -284,6 +288,39 @@ class GraphView:
         stack.enter_context(torch.no_grad())
         return stack
 
+    def evaluate(self, node: fx.Node, replace: dict[fx.Node, Any] | None = None) -> Any:
+        """Run ``node``'s target on its inputs' metadata values (fake tensors when the
+        graph is fake), reading ``replace[n]`` instead for the inputs it names.
+
+        Raises if an input's value is unknown or the op rejects the values. Nothing in the
+        graph changes: the driver uses this to ask how a user of a replaced node would see
+        the replacement (strides), ``infer_meta`` to fill in new nodes' metadata.
+        """
+        replace = replace or {}
+
+        def value_of(a: Any) -> Any:
+            if isinstance(a, fx.Node):
+                if a in replace:
+                    return replace[a]
+                if self.meta_key not in a.meta:
+                    raise ValueError(f"no {self.meta_key!r} metadata on {a.name}")
+                return a.meta[self.meta_key]
+            return a
+
+        if node.target is operator.getitem and isinstance(node.args[0], fx.Node) and is_int(node.args[1]):
+            src = value_of(node.args[0])
+            if isinstance(src, (tuple, list)):  # fast path: no fake dispatch
+                return src[node.args[1]]
+        args = fx.node.map_aggregate(node.args, value_of)
+        kwargs = fx.node.map_aggregate(node.kwargs, value_of)
+        with self._run_context():
+            if node.op == "call_method":
+                self_arg, *rest = args
+                return getattr(self_arg, node.target)(*rest, **kwargs)
+            if node.op == "call_function":
+                return node.target(*args, **kwargs)
+        raise ValueError(f"cannot evaluate {node.op} nodes")
+
     def infer_meta(self, node: fx.Node) -> None:
         """Compute ``node.meta[meta_key]`` by running its target on its inputs' values.
 
@@ -291,30 +328,7 @@ class GraphView:
         rolls the rewrite back).
         """
 
-        if node.target is operator.getitem and isinstance(node.args[0], fx.Node):
-            src = node.args[0].meta.get(self.meta_key)
-            if isinstance(src, (tuple, list)) and is_int(node.args[1]):  # fast path: no fake dispatch
-                node.meta[self.meta_key] = src[node.args[1]]
-                return
-
-        def value_of(a: Any) -> Any:
-            if isinstance(a, fx.Node):
-                if self.meta_key not in a.meta:
-                    raise ValueError(f"no {self.meta_key!r} metadata on {a.name}")
-                return a.meta[self.meta_key]
-            return a
-
-        args = fx.node.map_aggregate(node.args, value_of)
-        kwargs = fx.node.map_aggregate(node.kwargs, value_of)
-        with self._run_context():
-            if node.op == "call_method":
-                self_arg, *rest = args
-                result = getattr(self_arg, node.target)(*rest, **kwargs)
-            elif node.op == "call_function":
-                result = node.target(*args, **kwargs)
-            else:
-                raise ValueError(f"cannot infer metadata for {node.op} nodes")
-        node.meta[self.meta_key] = result
+        node.meta[self.meta_key] = self.evaluate(node)
         stack_traces = [a.meta.get("stack_trace") for a in node.all_input_nodes]
         if "stack_trace" not in node.meta:
             trace = next((t for t in stack_traces if t), None)
@@ -328,6 +342,14 @@ class GraphView:
         inputs or each other after a rewrite; visible ones may not.
         """
         return None
+
+    def outputs_are_gradients(self) -> bool:
+        """Is this a backward graph, whose outputs are gradients handed to autograd?
+
+        Two gradients may then live in disjoint parts of one buffer (autograd and
+        optimizers never see the storage they share); two user-visible outputs may not.
+        """
+        return False
 
     # -------------------------------------------------------------- side effects
     def mutated_inputs(self, node: fx.Node) -> list[fx.Node]:

@@ -117,13 +117,20 @@ def same_shape_except(shapes: Sequence[Sequence[Any] | None], dim: int | None) -
 
 def emittable_shape(shape: Sequence[Any] | None) -> list[int] | None:
     """A shape usable as a view/reshape argument: ints, with at most one symbolic size
-    written as ``-1``; ``None`` if that is impossible."""
+    written as ``-1``; ``None`` if that is impossible (two symbolic sizes, or a ``-1``
+    next to a size 0, which torch cannot resolve: 0 elements fit any size there)."""
     if shape is None:
         return None
     out: list[int] = []
     for s in shape:
         out.append(s if is_int(s) else -1)
-    return out if out.count(-1) <= 1 else None
+    return out if resolvable(out) else None
+
+
+def resolvable(shape: Sequence[int]) -> bool:
+    """Can view/reshape infer this shape's ``-1`` (at most one, and no size 0 beside it)?"""
+    n = list(shape).count(-1)
+    return n == 0 or (n == 1 and 0 not in shape)
 
 
 STACK_SPELLINGS = ("stack", "cat", "view", "reshape")

@@ -14,6 +14,12 @@ from ._facts import dim_size
 D = Var("dim")
 
 
+def _no_type_promotion(m):
+    """the cat promotes some input to another dtype"""
+    want = m.dtype(m.cat)
+    return want is not None and all(m.dtype(t) == want for t in m.tensors)
+
+
 def _boundaries(m, tensors, dim):
     """Cumulative offsets of the cat's inputs along ``dim`` (``None`` if unknown)."""
     out = [0]
@@ -48,7 +54,11 @@ def _sections_align_with_inputs(m):
     return m.getitems(m.split) is not None and _aligned_groups(m) is not None
 
 
-@rule(Op("split", Op("cat", Var("tensors"), D), Var("sizes"), D).bind("split"), where=[_sections_align_with_inputs], priority=20)
+@rule(
+    Op("split", Op("cat", Var("tensors"), D).bind("cat"), Var("sizes"), D).bind("split"),
+    where=[_no_type_promotion, _sections_align_with_inputs],
+    priority=20,
+)
 def cat_split_to_inputs(m, b):
     """Splitting a cat along its dim at its inputs' boundaries gives back the inputs.
 
@@ -81,7 +91,11 @@ def _locate(m):
     return None
 
 
-@rule(Op("slice", Op("cat", Var("tensors"), D), D, Var("start"), Var("end"), Var("step")), where=[_range_inside_one_input], priority=20)
+@rule(
+    Op("slice", Op("cat", Var("tensors"), D).bind("cat"), D, Var("start"), Var("end"), Var("step")),
+    where=[_no_type_promotion, _range_inside_one_input],
+    priority=20,
+)
 def slice_of_cat_to_input(m, b):
     """A slice of a cat that lies inside one input is a slice of that input.
 
@@ -102,7 +116,7 @@ def _index_inside_inputs(m):
     return bounds is not None and all(is_int(x) for x in bounds) and 0 <= m.index < bounds[-1]
 
 
-@rule(Op("select", Op("cat", Var("tensors"), D), D, Var("index")), where=[_index_inside_inputs], priority=20)
+@rule(Op("select", Op("cat", Var("tensors"), D).bind("cat"), D, Var("index")), where=[_no_type_promotion, _index_inside_inputs], priority=20)
 def select_of_cat_to_input(m, b):
     """Selecting from a cat along its dim selects from the input holding that index.
 

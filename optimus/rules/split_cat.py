@@ -12,7 +12,7 @@ from ..core.pattern import Each, ListOf, Op, Var
 from ..core.rule import rule
 from ..core.symbolic import known_eq
 from ..core.view import is_int, num_outputs
-from ._facts import STACK_SPELLINGS, adjacent_runs, covers, emittable_shape, permute_for_movedim, segment_of, stack_of
+from ._facts import STACK_SPELLINGS, adjacent_runs, covers, emittable_shape, permute_for_movedim, resolvable, segment_of, stack_of
 
 X, S, D, I = Var("x"), Var("sizes"), Var("dim"), Var("index")
 CHUNKS = ListOf(Op("getitem", Op("split", X, S, D).bind("split"), Each("index")))
@@ -100,7 +100,7 @@ def _equal_sections(m):
 
 
 def _shape_emittable(m):
-    """the input shape has more than one symbolic size"""
+    """the input shape has more than one symbolic size, or one next to a size 0"""
     return emittable_shape(m.shape(m.x)) is not None
 
 
@@ -124,11 +124,14 @@ def split_cat_other_dim_to_view(m, b):
     """
     shape = emittable_shape(m.shape(m.x))
     n, s, d, e = len(m.sizes), m.sizes[0], m.dim, m.cat_dim
-    y = b.reshape(m.x, shape[:d] + [n, s] + shape[d + 1 :])
-    y = b.permute(y, permute_for_movedim(len(shape) + 1, d, e))
+    unflattened = shape[:d] + [n, s] + shape[d + 1 :]
     out = list(shape)
     out[d] = s
     out[e] = n * out[e] if out[e] != -1 else -1
+    if not resolvable(unflattened) or not resolvable(out):
+        m.decline("a symbolic size next to a size 0: the reshapes cannot infer it")
+    y = b.reshape(m.x, unflattened)
+    y = b.permute(y, permute_for_movedim(len(shape) + 1, d, e))
     return b.reshape(y, out)
 
 
@@ -156,8 +159,11 @@ def split_stack_to_view(m, b):
     x, d, n, size, e = _stacked_equal_chunks(m.anchor, m.view)
     shape = emittable_shape(m.shape(x))
     if shape is None:
-        m.decline("the input shape has more than one symbolic size")
-    y = b.reshape(x, shape[:d] + [n, size] + shape[d + 1 :])
+        m.decline("the input shape has more than one symbolic size, or one next to a size 0")
+    unflattened = shape[:d] + [n, size] + shape[d + 1 :]
+    if not resolvable(unflattened):
+        m.decline("a symbolic size next to a size 0: the reshape cannot infer it")
+    y = b.reshape(x, unflattened)
     return y if d == e else b.permute(y, permute_for_movedim(len(shape) + 1, d, e))
 
 

@@ -68,7 +68,7 @@ def unbind_cat_to_view(m, b):
     x, d, start, count = _consecutive_parts(m.view, m.tensors)
     shape = emittable_shape(m.shape(m.anchor.node))
     if shape is None:
-        m.decline("the result shape has more than one symbolic size")
+        m.decline("the result shape has more than one symbolic size, or one next to a size 0")
     y = _range_of(b, m, x, d, start, count)
     e = m.cat_dim
     if d != e:
@@ -82,7 +82,14 @@ def _unbinds_a_stack_on_its_dim(call, view):
     return stacked is not None and stacked[1] == call.args["dim"] and getitem_users(call.node) is not None
 
 
-@rule(Op("unbind", Var("stacked"), ANY).bind("unbind").such_that(_unbinds_a_stack_on_its_dim), priority=20)
+def _stack_keeps_dtypes(m):
+    """the stack promotes some input to another dtype"""
+    want = m.dtype(m.stacked)
+    items, _ = stack_of(m.view, m.call(m.stacked))
+    return want is not None and all(m.dtype(t) == want for t in items)
+
+
+@rule(Op("unbind", Var("stacked"), ANY).bind("unbind").such_that(_unbinds_a_stack_on_its_dim), where=[_stack_keeps_dtypes], priority=20)
 def stack_unbind_to_inputs(m, b):
     """Unbinding a stack along its stack dim gives back the stacked tensors.
 
@@ -99,7 +106,7 @@ def _selects_from_a_stack_on_its_dim(call, view):
     return stacked is not None and stacked[1] == call.args["dim"] and isinstance(i, int) and 0 <= i < len(stacked[0])
 
 
-@rule(Op("select", Var("stacked"), ANY, Var("index")).such_that(_selects_from_a_stack_on_its_dim), priority=20)
+@rule(Op("select", Var("stacked"), ANY, Var("index")).such_that(_selects_from_a_stack_on_its_dim), where=[_stack_keeps_dtypes], priority=20)
 def select_of_stack_to_input(m, b):
     """Selecting index i of a stack along its stack dim is the i-th stacked tensor.
 

@@ -34,12 +34,26 @@ def fold_reshape_chain(m, b):
     """Two reshapes in a row are one.
 
     x.view(a).reshape(b) -> x.reshape(b)      (view(view) stays a view)
+
+    The outer op's own shape argument is reused as written (with its symbolic sizes, or
+    -1): reshaping x to it is exactly what the chain computes. If the result's shape
+    cannot be proven equal to the outer op's (symbolic sizes spelled differently), the
+    rule declines.
     """
-    shape = emittable_shape(m.shape(m.anchor.node))
-    if shape is None:
-        m.decline("the result shape has more than one symbolic size")
     both_views = m.anchor.op == "view" and m.call(m.inner).op == "view"
-    return b.view(m.x, shape) if both_views else b.reshape(m.x, shape)
+    expected = m.shape(m.anchor.node)
+    candidates = [m.anchor.args["shape"]]
+    fallback = emittable_shape(expected)
+    if fallback is not None and fallback != candidates[0]:
+        candidates.append(fallback)
+    for shape in candidates:
+        try:
+            out = b.view(m.x, shape) if both_views else b.reshape(m.x, shape)
+        except Exception:  # the shape does not apply to x as spelled (symbolic sizes)
+            continue
+        if expected is None or known_sizes_eq(m.shape(out), expected):
+            return out
+    m.decline("the folded reshape's shape cannot be proven equal to the outer op's (symbolic sizes)")
 
 
 def _as_permutation(call, rank):

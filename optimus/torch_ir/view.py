@@ -259,7 +259,9 @@ class TorchIRView(GraphView):
         if dim is None or not is_int(shape[dim]):
             return None
         size = shape[dim]
-        step = max(1, math.ceil(size / b["chunks"])) if size else 1
+        if size == 0:  # torch.chunk of an empty dim returns `chunks` empty chunks
+            return "split", {"input": b["input"], "sizes": [0] * b["chunks"], "dim": dim}
+        step = max(1, math.ceil(size / b["chunks"]))
         return "split", {"input": b["input"], "sizes": step, "dim": dim}
 
     def _classify_narrow(self, node: fx.Node) -> tuple[str, dict[str, Any]] | None:
