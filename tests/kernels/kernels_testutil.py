@@ -44,6 +44,48 @@ except Exception:  # pragma: no cover
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 
 
+def _interpreter_problem():
+    """``None`` if Triton's CPU interpreter can run our kernels here, else why not.
+
+    Triton 3.6's interpreter turns a loaded scalar into an index with ``int()`` on a
+    one-element array, which NumPy >= 2.4 rejects ("only 0-dimensional arrays can be
+    converted to Python scalars"); our kernels loop over bounds loaded from device tables,
+    so every interpreter test would fail with that. A tiny kernel doing the same tells.
+    """
+    if HAS_CUDA or not HAS_TRITON:
+        return None
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def _probe(x_ptr, n_ptr):
+            acc = 0.0
+            for i in range(0, tl.load(n_ptr)):  # a loop bound loaded at run time
+                acc += tl.load(x_ptr + i)
+            tl.store(x_ptr, acc)
+
+        x = torch.ones(3)
+        _probe[(1,)](x, torch.tensor([3], dtype=torch.int32))
+        return None if x[0].item() == 3.0 else f"interpreter probe computed {x[0].item()}, expected 3"
+    except Exception as e:
+        import numpy
+
+        return (f"Triton's CPU interpreter cannot run loops over loaded bounds here (triton "
+                f"{getattr(triton, '__version__', '?')}, numpy {numpy.__version__}): {type(e).__name__}: {str(e)[:160]}")
+    finally:
+        if old is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+
+
+INTERPRETER_PROBLEM = _interpreter_problem()
+interpreter_works = pytest.mark.skipif(INTERPRETER_PROBLEM is not None, reason=str(INTERPRETER_PROBLEM))
+
+
 @pytest.fixture
 def interpret(monkeypatch):
     """Route CPU tensors through the Triton kernels in the interpreter for one test."""

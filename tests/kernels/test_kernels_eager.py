@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernels_testutil import K, TOL, check_gl, check_ln, interpret, interpreter_only, make_gl, make_ln, needs_triton  # noqa: F401
+from kernels_testutil import K, TOL, check_gl, check_ln, interpret, interpreter_only, interpreter_works, make_gl, make_ln, needs_triton  # noqa: F401
 
 ops = K.ops if hasattr(K, "ops") else __import__(K.__name__ + ".ops", fromlist=["ops"])
 pytestmark = [interpreter_only, needs_triton, pytest.mark.usefixtures("interpret")]
@@ -52,6 +52,7 @@ def _step_gl(xs, ws, bs, act=None, gys=None):
     return ys, torch.autograd.grad(ys, list(xs) + list(ws) + [b for b in bs if b is not None], gys)
 
 
+@interpreter_works
 def test_plan_cached_per_signature(fresh_caches):
     xs, ws, bs = make_gl([(5, 8, 4), (3, 16, 8)], torch.float32, seed=1)
     for _ in range(3):
@@ -71,6 +72,7 @@ def test_plan_cached_per_signature(fresh_caches):
         K.grouped_linear(xs, [ws[0], ws[1].double()], bs)
 
 
+@interpreter_works
 def test_table_cache_hits_with_stable_addresses(fresh_caches, monkeypatch):
     """Same plan and same pointers: the device tables are reused (no upload), results stay exact."""
     stable = _StableEmpty()
@@ -101,6 +103,7 @@ def test_table_cache_hits_with_stable_addresses(fresh_caches, monkeypatch):
     assert info["misses"] == 4 and info["hits"] == 6, info
 
 
+@interpreter_works
 def test_table_cache_off_still_correct(fresh_caches):
     ops.set_table_cache(False)
     try:
@@ -112,6 +115,7 @@ def test_table_cache_off_still_correct(fresh_caches):
         ops.set_table_cache(True)
 
 
+@interpreter_works
 def test_capture_mode_bypasses_cache(fresh_caches, monkeypatch):
     """While a CUDA graph is being captured, tables are staged fresh every call and never cached
     (a table recorded in a graph holds its values only once the graph runs)."""

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from kernels_testutil import K, TOL, check_gl, interpret, interpreter_only, make_gl, needs_triton  # noqa: F401
+from kernels_testutil import K, TOL, check_gl, interpret, interpreter_only, interpreter_works, make_gl, needs_triton  # noqa: F401
 
-pytestmark = [interpreter_only, needs_triton, pytest.mark.usefixtures("interpret")]
+pytestmark = [interpreter_only, needs_triton, interpreter_works, pytest.mark.usefixtures("interpret")]
 
 # ragged shapes with zero-sized members: M = 0, K = 0, N = 0, unaligned K and N
 RAGGED = [(37, 24, 40), (0, 16, 8), (5, 33, 17), (70, 16, 16), (9, 0, 12), (6, 8, 0)]

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from kernels_testutil import K, TOL, check_ln, interpret, interpreter_only, make_ln, needs_triton  # noqa: F401
+from kernels_testutil import K, TOL, check_ln, interpret, interpreter_only, interpreter_works, make_ln, needs_triton  # noqa: F401
 
-pytestmark = [interpreter_only, needs_triton, pytest.mark.usefixtures("interpret")]
+pytestmark = [interpreter_only, needs_triton, interpreter_works, pytest.mark.usefixtures("interpret")]
 
 # widths reach every width class of the interpreter configuration (multi-row tiles, the single-row
 # 2x / 4x tiles, and the looped path for rows wider than 4 tiles), plus zero-sized members
