@@ -29,6 +29,7 @@ import torch
 import torch.fx as fx
 
 from .core.driver import optimize_graph
+from .core.passkey import UuidKeyed
 from .core.registry import PassConfig, resolve
 from .core.report import Report
 
@@ -134,8 +135,12 @@ class Session:
         return compiled
 
 
-class LevelPass(CustomGraphPass):  # type: ignore[misc]
-    """An Inductor custom graph pass running one level's rules."""
+class LevelPass(UuidKeyed, CustomGraphPass):  # type: ignore[misc]
+    """An Inductor custom graph pass running one level's rules.
+
+    Pickled as its uuid (``core.passkey``): torch 2.11 pickles ``pre_grad_custom_pass``
+    into the FX graph cache key instead of asking its uuid.
+    """
 
     def __init__(self, session: Session, level: str) -> None:
         self.session = session
@@ -147,40 +152,6 @@ class LevelPass(CustomGraphPass):  # type: ignore[misc]
 
     def uuid(self) -> str:
         return f"{self.level}:{self.session.fingerprint()}"
-
-    # torch 2.11 pickles ``pre_grad_custom_pass`` with the rest of Inductor's config into
-    # the FX graph cache key (2.13 ignores it there): pickle as the uuid alone, so the key
-    # is deterministic and changes exactly when the passes do.
-    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
-        return (_restored_level_pass, (self.level, self.uuid()))
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> "LevelPass":
-        return self
-
-    def __copy__(self) -> "LevelPass":
-        return self
-
-
-class _RestoredLevelPass(CustomGraphPass):  # type: ignore[misc]
-    """An unpickled ``LevelPass`` (e.g. in a compile subprocess): the same uuid, no
-    rewriting (the graph is left unoptimized at that level, never wrong)."""
-
-    def __init__(self, level: str, uuid: str) -> None:
-        self.level = level
-        self._uuid = uuid
-
-    def __call__(self, graph: fx.Graph) -> None:
-        return None
-
-    def uuid(self) -> str:
-        return self._uuid
-
-    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
-        return (_restored_level_pass, (self.level, self._uuid))
-
-
-def _restored_level_pass(level: str, uuid: str) -> _RestoredLevelPass:
-    return _RestoredLevelPass(level, uuid)
 
 
 def _cache_hits(counters: Any) -> collections.Counter[str]:

@@ -33,19 +33,8 @@ except ImportError:  # pragma: no cover
     V = None  # type: ignore[assignment]
 
 # --- pass base classes --------------------------------------------------------------
-# 2.11 only knows CustomGraphPass (and bypasses the FX graph cache when the pre-fusion
-# hook is anything else); 2.13 adds CustomSchedulerPass and bypasses the cache when a
-# scheduler hook is not one. A class deriving from both is accepted by both versions.
-try:
-    from torch._inductor.custom_graph_pass import CustomGraphPass
-except ImportError:  # pragma: no cover
-    CustomGraphPass = None  # type: ignore[assignment,misc]
-try:
-    from torch._inductor.custom_graph_pass import CustomSchedulerPass
-except ImportError:  # torch 2.11
-    CustomSchedulerPass = None  # type: ignore[assignment,misc]
-
-PASS_BASES: tuple[type, ...] = tuple(b for b in (CustomSchedulerPass, CustomGraphPass) if b is not None) or (object,)
+# (see optimus.core.passkey: one class deriving from both is accepted by 2.11 and 2.13)
+from ..core.passkey import PASS_BASES, CustomGraphPass, CustomSchedulerPass  # noqa: E402,F401
 
 HOOKS = ("_pre_fusion_custom_pass", "_post_fusion_custom_pass")
 

@@ -34,6 +34,7 @@ import time
 import weakref
 from typing import Any
 
+from ..core.passkey import UuidKeyed
 from ..core.report import GraphReport, RuleStats
 from ..core.rule import Decline, condition_reason
 from . import compat
@@ -46,8 +47,8 @@ MAX_NOTES_PER_RULE = 12
 
 
 # ----------------------------------------------------------------------- pass objects
-class InductorIRPass(*compat.PASS_BASES):  # type: ignore[misc]
-    """One scheduler hook of one Optimus session."""
+class InductorIRPass(UuidKeyed, *compat.PASS_BASES):  # type: ignore[misc]
+    """One scheduler hook of one Optimus session (pickled as its uuid: ``core.passkey``)."""
 
     def __init__(self, session: Any, hook: str) -> None:
         self.session = session
@@ -59,41 +60,8 @@ class InductorIRPass(*compat.PASS_BASES):  # type: ignore[misc]
     def uuid(self) -> str:
         return f"inductor_ir:{self.hook}:{self.session.fingerprint()}"
 
-    # The FX graph cache pickles Inductor's config into its key (2.11 does so for the
-    # post-fusion hook); pickle as the uuid alone so the key is exactly the uuid.
-    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
-        return (_restored_pass, (self.hook, self.uuid()))
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> "InductorIRPass":
-        return self
-
-    def __copy__(self) -> "InductorIRPass":
-        return self
-
     def __repr__(self) -> str:
         return f"InductorIRPass({self.hook}, {self.uuid()})"
-
-
-class _RestoredPass(*compat.PASS_BASES):  # type: ignore[misc]
-    """What an unpickled ``InductorIRPass`` becomes (e.g. in a compile subprocess):
-    the same uuid, no rewriting (the artifact is unoptimized at Inductor-IR, never wrong)."""
-
-    def __init__(self, hook: str, uuid: str) -> None:
-        self.hook = hook
-        self._uuid = uuid
-
-    def __call__(self, nodes: list[Any]) -> list[Any]:  # type: ignore[override]
-        return nodes
-
-    def uuid(self) -> str:
-        return self._uuid
-
-    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
-        return (_restored_pass, (self.hook, self._uuid))
-
-
-def _restored_pass(hook: str, uuid: str) -> _RestoredPass:
-    return _RestoredPass(hook, uuid)
 
 
 # ----------------------------------------------------------------------- report state

@@ -124,3 +124,21 @@ def test_compile_rejects_backend_kwarg_and_bad_passes():
         optimus.compile(Chunky(), backend="inductor")
     with pytest.raises(ValueError, match="Did you mean"):
         optimus.compile(Chunky(), passes="vertica")
+
+
+def test_level_pass_pickles_as_its_uuid():
+    """torch 2.11 pickles ``pre_grad_custom_pass`` into the FX graph cache key: the pickled
+    form must be deterministic and change exactly when the passes do."""
+    import copy
+    import pickle
+
+    a = LevelPass(Session(resolve("all")), "torch_ir")
+    same = LevelPass(Session(resolve("all")), "torch_ir")
+    other = LevelPass(Session(resolve(["merge_splits"])), "torch_ir")
+    assert pickle.dumps(a) == pickle.dumps(same) != pickle.dumps(other)
+    assert copy.deepcopy(a) is a
+    restored = pickle.loads(pickle.dumps(a))
+    assert restored.uuid() == a.uuid()
+    gm = torch.fx.symbolic_trace(Chunky())
+    before = [n.target for n in gm.graph.nodes]
+    assert restored(gm.graph) is None and [n.target for n in gm.graph.nodes] == before  # rewrites nothing
