@@ -85,6 +85,56 @@ def finish(
     )
 
 
+class DenseSparseFeatures(nn.Module):
+    """The front end the DCNv2, DHEN and Wukong models share: the dense
+    features projected to ``dim`` and one embedding table per sparse feature.
+    ``forward(dense, sparse)`` returns the ``1 + num_sparse`` features, each ``(B, dim)``."""
+
+    def __init__(self, num_dense: int, num_sparse: int, rows: int, dim: int) -> None:
+        super().__init__()
+        self.dense_proj = nn.Linear(num_dense, dim)
+        self.tables = nn.ModuleList(nn.Embedding(rows, dim) for _ in range(num_sparse))
+        for t in self.tables:
+            nn.init.normal_(t.weight, std=0.1)
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> list[torch.Tensor]:
+        return [self.dense_proj(dense)] + [t(sparse[:, i]) for i, t in enumerate(self.tables)]
+
+
+def dense_sparse_inputs(gen: torch.Generator, cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(dense, sparse)`` inputs for a ``DenseSparseFeatures`` model of config ``cfg``."""
+    return randn(gen, cfg.batch, cfg.num_dense), randint(gen, cfg.rows, cfg.batch, cfg.num_sparse)
+
+
+class StackedFeatureModel(nn.Module):
+    """DHEN and Wukong: the features stacked to ``(B, 1 + num_sparse, dim)``, ``cfg.layers``
+    interaction layers from ``make_layer(n_features)``, a top MLP on the flattened result."""
+
+    def __init__(self, cfg: Any, make_layer: Callable[[int], nn.Module]) -> None:
+        super().__init__()
+        n = cfg.num_sparse + 1
+        self.features = DenseSparseFeatures(cfg.num_dense, cfg.num_sparse, cfg.rows, cfg.dim)
+        self.layers = nn.ModuleList(make_layer(n) for _ in range(cfg.layers))
+        self.top = mlp((n * cfg.dim, *cfg.top, 1))
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        x = torch.stack(self.features(dense, sparse), dim=1)
+        for layer in self.layers:
+            x = layer(x)
+        return self.top(x.flatten(1)).squeeze(-1)
+
+
+def build_dense_sparse(name: str, configs: dict[str, Any], make: Callable[[Any], nn.Module], size: str,
+                       device: str | torch.device, seed: int) -> ZooModel:
+    """``build`` of a model whose inputs are ``(dense, sparse)`` (DCNv2, DHEN, Wukong)."""
+    cfg = pick(configs, name, size)
+    model = seeded(seed, lambda: make(cfg))
+    g = input_generator(seed)
+    dense, sparse = dense_sparse_inputs(g, cfg)
+    targets = binary_targets(g, cfg.batch)
+    return finish(name, size, model, (dense, sparse), targets, cfg.batch, device, cfg)
+
+
 def mlp(dims: Sequence[int], final_activation: bool = False) -> nn.Sequential:
     """Linear/ReLU stack over ``dims`` (``dims[0]`` in, ``dims[-1]`` out)."""
     layers: list[nn.Module] = []

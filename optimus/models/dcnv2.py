@@ -77,16 +77,12 @@ class DCNv2(nn.Module):
     def __init__(self, cfg: DCNv2Config) -> None:
         super().__init__()
         width = cfg.dim * (cfg.num_sparse + 1)
-        self.dense_proj = nn.Linear(cfg.num_dense, cfg.dim)
-        self.tables = nn.ModuleList(nn.Embedding(cfg.rows, cfg.dim) for _ in range(cfg.num_sparse))
-        for t in self.tables:
-            nn.init.normal_(t.weight, std=0.1)
+        self.features = c.DenseSparseFeatures(cfg.num_dense, cfg.num_sparse, cfg.rows, cfg.dim)
         self.cross = nn.ModuleList(MixtureCrossLayer(width, cfg.rank, cfg.experts) for _ in range(cfg.layers))
         self.deep = c.mlp((width, *cfg.deep, 1))
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        embs = [t(sparse[:, i]) for i, t in enumerate(self.tables)]
-        x0 = torch.cat([self.dense_proj(dense)] + embs, dim=1)
+        x0 = torch.cat(self.features(dense, sparse), dim=1)
         x = x0
         for layer in self.cross:
             x = layer(x0, x)
@@ -94,10 +90,4 @@ class DCNv2(nn.Module):
 
 
 def build(size: str = "small", device: str | torch.device = "cpu", seed: int = 0) -> c.ZooModel:
-    cfg = c.pick(CONFIGS, "dcnv2", size)
-    model = c.seeded(seed, lambda: DCNv2(cfg))
-    g = c.input_generator(seed)
-    dense = c.randn(g, cfg.batch, cfg.num_dense)
-    sparse = c.randint(g, cfg.rows, cfg.batch, cfg.num_sparse)
-    targets = c.binary_targets(g, cfg.batch)
-    return c.finish("dcnv2", size, model, (dense, sparse), targets, cfg.batch, device, cfg)
+    return c.build_dense_sparse("dcnv2", CONFIGS, DCNv2, size, device, seed)

@@ -130,30 +130,10 @@ class DHENLayer(nn.Module):
         return self.norm(self.proj(ensemble) + skip) + x
 
 
-class DHEN(nn.Module):
+class DHEN(c.StackedFeatureModel):
     def __init__(self, cfg: DHENConfig) -> None:
-        super().__init__()
-        n = cfg.num_sparse + 1
-        self.dense_proj = nn.Linear(cfg.num_dense, cfg.dim)
-        self.tables = nn.ModuleList(nn.Embedding(cfg.rows, cfg.dim) for _ in range(cfg.num_sparse))
-        for t in self.tables:
-            nn.init.normal_(t.weight, std=0.1)
-        self.layers = nn.ModuleList(DHENLayer(n, cfg.dim, cfg.heads, cfg.rank) for _ in range(cfg.layers))
-        self.top = c.mlp((n * cfg.dim, *cfg.top, 1))
-
-    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        feats = [self.dense_proj(dense)] + [t(sparse[:, i]) for i, t in enumerate(self.tables)]
-        x = torch.stack(feats, dim=1)
-        for layer in self.layers:
-            x = layer(x)
-        return self.top(x.flatten(1)).squeeze(-1)
+        super().__init__(cfg, lambda n: DHENLayer(n, cfg.dim, cfg.heads, cfg.rank))
 
 
 def build(size: str = "small", device: str | torch.device = "cpu", seed: int = 0) -> c.ZooModel:
-    cfg = c.pick(CONFIGS, "dhen", size)
-    model = c.seeded(seed, lambda: DHEN(cfg))
-    g = c.input_generator(seed)
-    dense = c.randn(g, cfg.batch, cfg.num_dense)
-    sparse = c.randint(g, cfg.rows, cfg.batch, cfg.num_sparse)
-    targets = c.binary_targets(g, cfg.batch)
-    return c.finish("dhen", size, model, (dense, sparse), targets, cfg.batch, device, cfg)
+    return c.build_dense_sparse("dhen", CONFIGS, DHEN, size, device, seed)

@@ -74,32 +74,10 @@ class WukongLayer(nn.Module):
         return self.norm(torch.cat([fm, lcb], dim=1) + x)
 
 
-class Wukong(nn.Module):
+class Wukong(c.StackedFeatureModel):
     def __init__(self, cfg: WukongConfig) -> None:
-        super().__init__()
-        n = cfg.num_sparse + 1
-        self.dense_proj = nn.Linear(cfg.num_dense, cfg.dim)
-        self.tables = nn.ModuleList(nn.Embedding(cfg.rows, cfg.dim) for _ in range(cfg.num_sparse))
-        for t in self.tables:
-            nn.init.normal_(t.weight, std=0.1)
-        self.layers = nn.ModuleList(
-            WukongLayer(n, cfg.dim, cfg.fm_rank, cfg.n_fm, cfg.fm_mlp) for _ in range(cfg.layers)
-        )
-        self.top = c.mlp((n * cfg.dim, *cfg.top, 1))
-
-    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        feats = [self.dense_proj(dense)] + [t(sparse[:, i]) for i, t in enumerate(self.tables)]
-        x = torch.stack(feats, dim=1)
-        for layer in self.layers:
-            x = layer(x)
-        return self.top(x.flatten(1)).squeeze(-1)
+        super().__init__(cfg, lambda n: WukongLayer(n, cfg.dim, cfg.fm_rank, cfg.n_fm, cfg.fm_mlp))
 
 
 def build(size: str = "small", device: str | torch.device = "cpu", seed: int = 0) -> c.ZooModel:
-    cfg = c.pick(CONFIGS, "wukong", size)
-    model = c.seeded(seed, lambda: Wukong(cfg))
-    g = c.input_generator(seed)
-    dense = c.randn(g, cfg.batch, cfg.num_dense)
-    sparse = c.randint(g, cfg.rows, cfg.batch, cfg.num_sparse)
-    targets = c.binary_targets(g, cfg.batch)
-    return c.finish("wukong", size, model, (dense, sparse), targets, cfg.batch, device, cfg)
+    return c.build_dense_sparse("wukong", CONFIGS, Wukong, size, device, seed)
