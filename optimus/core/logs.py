@@ -12,7 +12,8 @@ Everything goes through the ``optimus`` logger, registered with ``torch._logging
     TORCH_TRACE=/some/dir        artifacts per graph and level for tlparse:
                                  optimus_<level>_<graph>_before / _after (graph code) and
                                  optimus_<level>_<graph>_report (JSON)
-    torch._logging.set_logs(optimus=logging.DEBUG, optimus_graphs=True)   the same, in code
+    torch._logging.set_logs(modules={"optimus": logging.DEBUG, "optimus_graphs": True})
+                                 the same, in code (TORCH_LOGS, when set, wins)
 
 The driver calls :func:`level_started` / :func:`level_finished` around each level it
 runs on a graph; levels without an FX graph (Inductor-IR) call :func:`graph_finished`.

@@ -3,7 +3,7 @@
 ``torch._logging`` lets an out-of-tree package register a log name and artifact names
 (``register_log``, ``register_artifact``); after that ``TORCH_LOGS="optimus"`` (INFO),
 ``TORCH_LOGS="+optimus"`` (DEBUG), ``TORCH_LOGS="optimus_graphs"`` and
-``torch._logging.set_logs(optimus=logging.DEBUG, optimus_graphs=True)`` work like
+``torch._logging.set_logs(modules={"optimus": logging.DEBUG, "optimus_graphs": True})`` work like
 PyTorch's own names. ``trace_structured`` writes the artifacts ``tlparse`` shows for a
 ``TORCH_TRACE=dir`` run.
 
@@ -81,19 +81,22 @@ def artifact_logger(name: str) -> logging.Logger:
 
 
 def tracing() -> bool:
-    """Whether ``trace_structured`` output goes anywhere (``TORCH_TRACE`` set, or a
-    handler someone attached), so payloads worth computing."""
+    """Whether torch writes a structured trace to a file (``TORCH_TRACE=dir``, or
+    ``TORCH_COMPILE_DEBUG=1``): only then are Optimus's trace payloads computed.
+
+    That is torch's own trace handler with a directory or an open file; other handlers
+    on the trace logger (test frameworks attach capture handlers to every logger) do
+    not count.
+    """
     internal = _internal()
     trace_log = getattr(internal, "trace_log", None)
-    if trace_log is None or not trace_log.handlers:
-        return False
     lazy = getattr(internal, "LazyTraceHandler", None)
-    for handler in trace_log.handlers:
-        if lazy is None or not isinstance(handler, lazy):
-            return True
-        if getattr(handler, "root_dir", None) is not None or getattr(handler, "stream", None) is not None:
-            return True
-    return False
+    if trace_log is None or lazy is None:
+        return False
+    return any(
+        isinstance(h, lazy) and (getattr(h, "root_dir", None) is not None or getattr(h, "stream", None) is not None)
+        for h in trace_log.handlers
+    )
 
 
 def trace_artifact(name: str, payload_fn: Callable[[], str], encoding: str = "string") -> None:
