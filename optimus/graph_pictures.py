@@ -8,7 +8,7 @@ any compile-and-run) writes, per graph and level that ran::
     DIR/01-torch_ir-graph_0-after.svg    the graph as Optimus left it; nodes the rewrites
                                          added in green, nodes whose inputs changed in amber
     DIR/index.html                       every pair side by side, with the level's summary
-                                         (when the pictures are SVG)
+                                         (when any picture is SVG)
 
 Each node shows its name, its op with the arguments that are not graph values (split
 sizes, dims), and its shape. Which nodes changed is read off the graphs themselves
@@ -172,7 +172,7 @@ def write_pictures(
             result.files.append(path)
             names.append(os.path.basename(path))
         pairs.append((change, names[0], names[1]))
-    if pairs and render is not None:
+    if any(f.endswith(".svg") for f in result.files):
         index_path = os.path.join(out, "index.html")
         with open(index_path, "w", encoding="utf-8") as f:
             f.write(_index_html(pairs))
@@ -366,14 +366,19 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _figure(name: str, caption: str) -> str:
+    src = html.escape(name)
+    shown = f'<img src="{src}">' if name.endswith(".svg") else f'<a href="{src}">{src}</a> (DOT source)'
+    return f"<figure>{shown}<figcaption>{caption}</figcaption></figure>"
+
+
 def _index_html(pairs: list[tuple[GraphChange, str, str]]) -> str:
     rows = []
     for change, before, after in pairs:
         rows.append(
             f"<h2>{html.escape(change.level)} {html.escape(change.graph)}</h2>\n"
             f"<p>{html.escape(change.summary)}</p>\n"
-            f'<div class="pair"><figure><img src="{html.escape(before)}"><figcaption>before</figcaption></figure>'
-            f'<figure><img src="{html.escape(after)}"><figcaption>after</figcaption></figure></div>'
+            f'<div class="pair">{_figure(before, "before")}{_figure(after, "after")}</div>'
         )
     style = (
         "body{font-family:sans-serif;margin:1em}.pair{display:flex;gap:1em;align-items:flex-start}"
