@@ -308,3 +308,22 @@ def test_torch_trace_of_a_compile_attributes_artifacts_to_the_compile(tmp_path):
     records = {r["name"]: r for r in _trace_artifacts(tmp_path / "trace")}
     assert "optimus_torch_ir_graph_0_after" in records and "optimus_aten_ir_inference_0_report" in records
     assert records["optimus_torch_ir_graph_0_after"]["meta"].get("frame_id") == 0  # under the compile's id
+
+
+def test_pyproject_declares_the_entry_point_and_the_extra():
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert project["project"]["entry-points"]["torch.backends"]["optimus_logs"] == "_optimus_torch_logs:autoload"
+    assert "_optimus_torch_logs" in project["tool"]["setuptools"]["py-modules"]
+    assert project["project"]["optional-dependencies"]["graph"] == ["pydot"]
+    assert "pydot" not in " ".join(project["project"]["dependencies"])
+
+
+def test_the_entry_point_never_raises(monkeypatch):
+    import importlib.util
+
+    import _optimus_torch_logs
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: (_ for _ in ()).throw(RuntimeError("boom")))
+    assert _optimus_torch_logs.autoload() is None  # an entry point that raises breaks `import torch`

@@ -328,7 +328,7 @@ def user_inductor_notes(config: Any = None) -> list[str]:
         passes = value if isinstance(value, (list, tuple)) else ([value] if value is not None else [])
         theirs = [p for p in passes if not type(p).__module__.startswith("optimus")]
         if theirs:
-            names = ", ".join(getattr(p, "__qualname__", None) or type(p).__qualname__ for p in theirs)
+            names = ", ".join(getattr(p, "__name__", None) or type(p).__name__ for p in theirs)
             notes.append(f"your torch._inductor.config.{hook} ({names}) ran too, chained with Optimus's {level} pass")
     return notes
 
