@@ -29,6 +29,7 @@ _here = _os.path.dirname(_os.path.abspath(__file__))
 if not _os.path.isdir(_os.path.join(_here, "kernels")):
     _kernels = _os.path.join(_os.path.dirname(_here), "kernels")
     if _os.path.isfile(_os.path.join(_kernels, "__init__.py")):
+        import importlib.machinery as _ilm
         import importlib.util as _ilu
         import sys as _sys
 
@@ -36,7 +37,7 @@ if not _os.path.isdir(_os.path.join(_here, "kernels")):
             """Finds ``optimus.kernels`` in the checkout's top-level ``kernels/`` folder."""
 
             @staticmethod
-            def find_spec(fullname: str, path: object = None, target: object = None) -> object:
+            def find_spec(fullname: str, path: object = None, target: object = None) -> _ilm.ModuleSpec | None:
                 if fullname != "optimus.kernels":
                     return None
                 return _ilu.spec_from_file_location(

@@ -327,3 +327,12 @@ def test_the_entry_point_never_raises(monkeypatch):
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: (_ for _ in ()).throw(RuntimeError("boom")))
     assert _optimus_torch_logs.autoload() is None  # an entry point that raises breaks `import torch`
+
+
+@pytest.mark.slow
+def test_explain_json_is_not_polluted_by_logs(tmp_path):
+    code = "import sys, optimus.cli; sys.exit(optimus.cli.main(['explain', '--small', '--json']))"
+    done = run_python(code, {"TORCH_LOGS": "+optimus"}, tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads(done.stdout)  # the logs went to stderr
+    assert data["graphs"] and "rewrote" in done.stderr

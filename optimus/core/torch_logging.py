@@ -26,7 +26,6 @@ runs it from its file while ``import torch`` is still under way.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any, Callable
 
 LOG_NAME = "optimus"
@@ -114,10 +113,3 @@ def trace_artifact(name: str, payload_fn: Callable[[], str], encoding: str = "st
         )
     except Exception:  # noqa: BLE001 - tracing never breaks a compile
         logging.getLogger(LOG_NAME).debug("optimus: could not write trace artifact %s", name, exc_info=True)
-
-
-def env_names() -> list[str]:
-    """The Optimus names in ``TORCH_LOGS`` (for messages and tests)."""
-    value = os.environ.get("TORCH_LOGS", "")
-    names = [v.strip().lstrip("+-") for v in value.split(",")]
-    return [n for n in names if n == LOG_NAME or n in ARTIFACTS]
