@@ -34,6 +34,7 @@ from typing import Any, Iterable, Iterator
 import torch
 import torch.fx as fx
 
+from . import logs
 from .registry import PassConfig
 from .report import GraphReport, Report, RuleStats
 from .rule import Builder, Decline, Rule, condition_reason
@@ -390,6 +391,7 @@ class Driver:
         stats.matched += 1
         stats.added += len(builder.new_nodes) - erased_new
         stats.removed += len(erased) - erased_new
+        stats.log_rewrite(anchor.name, len(erased) - erased_new, len(builder.new_nodes) - erased_new)
         self.rewrites += 1
         self.applied.append(rule.name)
         if self.lint_each:
@@ -643,11 +645,13 @@ def optimize_graph(  # the caller recompiles gm if it runs it as Python (Inducto
     graph = gm.graph
     gr = report.new_graph(level, graph_name)
     gr.nodes_before = len(graph.nodes)
+    watch = logs.level_started(level, graph_name, gm)  # TORCH_LOGS / TORCH_TRACE / graph pictures
     t0 = time.perf_counter()
     with _gc_paused():
         _run_with_rollback(gm, view, rules, config, gr, example_inputs)
     gr.nodes_after = len(graph.nodes)
     gr.time_s = time.perf_counter() - t0
+    logs.level_finished(watch, gr, gm)
     return gr
 
 
