@@ -296,14 +296,14 @@ def _not_upstream(name: Any, option: str) -> str:
     return f"{name!r} is not one of upstream's {option} names.{hint} Known: {', '.join(known)}"
 
 
-def user_inductor_notes(config: Any = None) -> list[str]:
-    """Report lines for Inductor settings of the user's own that run next to Optimus.
+def user_fusion_notes(config: Any = None) -> list[str]:
+    """Report lines for upstream's Optimus options the user turned on themselves.
 
     Upstream's Optimus options (``pre_grad_fusion_options`` / ``post_grad_fusion_options``)
     run in Inductor as usual: pre-grad before Optimus's Torch-IR pass, post-grad after
-    Optimus's Aten-IR pass. Custom passes in the hooks Optimus also installs are chained
-    with Optimus's. Read ``config`` (default ``torch._inductor.config``) before Optimus
-    patches its hooks in: the values there are the user's.
+    Optimus's Aten-IR pass. (Custom passes in the hooks Optimus also installs are chained
+    with Optimus's and reported by ``optimus.compile``.) Read ``config`` (default
+    ``torch._inductor.config``) before Optimus patches it: the values there are the user's.
     """
     if config is None:
         try:
@@ -322,14 +322,6 @@ def user_inductor_notes(config: Any = None) -> list[str]:
             overlap = f" (Optimus: {', '.join(alias.rules)})" if alias is not None and alias.rules else ""
             parts.append(f"{name}{overlap}")
         notes.append(f"your torch._inductor.config.{option} ran too, {order[option]}: {', '.join(parts)}")
-    for hook, level in (("pre_grad_custom_pass", "torch_ir"), ("post_grad_custom_pre_pass", "aten_ir"),
-                        ("_pre_fusion_custom_pass", "inductor_ir"), ("_post_fusion_custom_pass", "inductor_ir")):
-        value = getattr(config, hook, None)
-        passes = value if isinstance(value, (list, tuple)) else ([value] if value is not None else [])
-        theirs = [p for p in passes if not type(p).__module__.startswith("optimus")]
-        if theirs:
-            names = ", ".join(getattr(p, "__name__", None) or type(p).__name__ for p in theirs)
-            notes.append(f"your torch._inductor.config.{hook} ({names}) ran too, chained with Optimus's {level} pass")
     return notes
 
 
