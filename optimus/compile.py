@@ -28,7 +28,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from . import compat, safety_net
+from . import compat, distributed, safety_net
 from .core.driver import optimize_graph, restore, snapshot
 from .core.passkey import UuidKeyed
 from .core.registry import PassConfig, resolve
@@ -107,7 +107,10 @@ class Session:
             self.report.notes.append(f"{level}: graph without an owning module skipped")
             return
         try:
-            optimize_graph(gm, level, self.config, self.report, self.graph_name(level, graph))
+            gr = optimize_graph(gm, level, self.config, self.report, self.graph_name(level, graph))
+            note = distributed.collective_note(gm) if gr is not None else None
+            if note:
+                gr.notes.append(note)  # type: ignore[union-attr]
         except Exception as e:  # never break the compile
             if safety_net.passthrough(e):
                 raise
@@ -172,10 +175,15 @@ class Session:
         eager = safety_net.eager_aliasing(gm)  # before any rewrite
         record = snapshot(gm.graph)
         before = compat.cache_hit_counts()
-        ladder = safety_net.GraphLadder(self._attempts(user), self.report, self.next_graph_name)
+        ladder: Any = safety_net.GraphLadder(self._attempts(user), self.report, self.next_graph_name)
         mark = len(self.report.graphs)
+        piece = distributed.piece_of(gm)  # a DDP bucket, a graph between FSDP hooks, ...
+        if piece is not None:
+            ladder = distributed.PieceNotes(ladder, self.report, piece.note())
         try:
             compiled = compat.compile_fx(gm, example_inputs, ladder, {**options, **self.inductor_patches(None, user)})
+            if piece is not None:
+                distributed.add_note(self.report.graphs[mark:], piece.note())  # the Torch-IR graph
         except Exception as e:
             if safety_net.passthrough(e):
                 # Dynamo's control flow, not a failure: it compiles the graph again
@@ -302,6 +310,7 @@ def compile(model: Any, passes: Any = "all", **torch_compile_kwargs: Any) -> Any
     """
     if "backend" in torch_compile_kwargs:
         raise TypeError("optimus.compile chooses the backend itself; use torch.compile for another backend")
+    distributed.check_wrapping(model)  # DDP(DDP(m)), fully_shard(DDP(m)): a clear error
     mode = torch_compile_kwargs.pop("mode", None)
     options = torch_compile_kwargs.pop("options", None)
     if options and PASSES_OPTION in options:

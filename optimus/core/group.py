@@ -32,6 +32,7 @@ from typing import Any, Callable, Hashable, Iterable, Sequence
 
 import torch.fx as fx
 
+from . import collectives
 from .rule import Builder, Rule, condition_reason
 from .symbolic import size_hint
 from .view import GraphView
@@ -183,6 +184,7 @@ def find_groups(
 ) -> list[Group]:
     """Candidate groups for ``rule`` over the whole graph (see module docstring)."""
     depth = depth if depth is not None else depths(view.graph)
+    segment = collectives.segments(view.graph)  # groups never span a collective
     buckets: dict[tuple[Any, int], list[Call]] = {}
     for call in calls if calls is not None else classify_all(view):
         node = call.node
@@ -196,6 +198,8 @@ def find_groups(
             decline(node, reason)
             continue
         buckets.setdefault((key, depth[node]), []).append(call)
+    if segment is not None:
+        buckets = collectives.split_buckets(buckets, segment, decline)
     groups: list[Group] = []
     lo, hi = options["min_group"], options["max_group"]
     for (key, _), calls in buckets.items():
