@@ -1,14 +1,19 @@
 """Optimus under data-parallel and sharded training (DDP, FSDP2, TorchRec).
 
-Two jobs:
+Three jobs (see docs/distributed.md):
 
 * **What a graph is part of.** Under ``DistributedDataParallel`` with
   ``torch._dynamo.config.optimize_ddp`` on, Dynamo's DDPOptimizer cuts each Dynamo graph
   at gradient-bucket boundaries and compiles every piece separately; Optimus then sees one
   bucket at a time, so no rewrite (and no horizontal group) can span two buckets. Under
   FSDP2 the all-gathers and reduce-scatters run in hooks Dynamo does not trace, so each
-  compiled graph lies between two of them. ``piece_note`` says which of these a graph is,
-  for the report.
+  compiled graph lies between two of them. ``piece_of`` tells which of these a Dynamo
+  graph is (DDPOptimizer's piece number is read from its compiler's frame: private, and
+  left out of the note when not found); ``Piece.note`` is what every graph report of it
+  says.
+* **Bad input, said clearly.** ``check_wrapping`` refuses a model wrapped twice (DDP in
+  DDP, DDP with FSDP); ``check_consistent`` raises the same error on every rank when the
+  ranks would compile different programs (devices, parameters, versions).
 * **A launcher that cannot hang.** ``launch`` starts ``nproc`` processes with
   ``torch.multiprocessing.spawn`` (gloo on CPU, NCCL on GPU, a ``file://`` rendezvous in a
   directory of the caller's, so no network), waits for them against a deadline, and
@@ -307,8 +312,7 @@ def _rank_main(rank: int, fn: Callable[[RankContext, Any], Any], world_size: int
                backend: str, payload: Any, pg_timeout_s: float, init_pg: bool) -> None:
     import torch.distributed as dist
 
-    for k, v in GPU_ENV.items():
-        os.environ.setdefault(k, v)
+    os.environ.update(GPU_ENV)  # before any communicator exists (also set at spawn)
     if torch.device(device).type == "cuda":
         torch.cuda.set_device(rank % max(torch.cuda.device_count(), 1))
         device = f"cuda:{torch.cuda.current_device()}"
@@ -361,17 +365,29 @@ def launch(
     import torch.multiprocessing as mp
 
     os.makedirs(workdir, exist_ok=True)
+    for name in ["rendezvous"] + [f"rank{r}.{ext}" for r in range(nproc) for ext in ("json", "log")]:
+        try:  # a rendezvous file or results left by an earlier launch in the same folder
+            os.remove(os.path.join(workdir, name))
+        except FileNotFoundError:
+            pass
     backend = backend or default_backend(device)
-    for k, v in GPU_ENV.items():  # inherited by the children at spawn
-        os.environ.setdefault(k, v)
     pg_timeout = max(30.0, timeout_s)
     started = time.monotonic()
-    ctx = mp.spawn(
-        _rank_main,
-        args=(fn, nproc, workdir, device, backend, payload, pg_timeout, init_pg),
-        nprocs=nproc,
-        join=False,
-    )
+    saved = {k: os.environ.get(k) for k in GPU_ENV}
+    os.environ.update(GPU_ENV)  # the children inherit it at spawn; ours is restored after
+    try:
+        ctx = mp.spawn(
+            _rank_main,
+            args=(fn, nproc, workdir, device, backend, payload, pg_timeout, init_pg),
+            nprocs=nproc,
+            join=False,
+        )
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     try:
         while True:
             left = timeout_s - (time.monotonic() - started)
