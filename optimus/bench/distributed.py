@@ -223,8 +223,13 @@ def prepare(model: nn.Module, spec: RowSpec, device: torch.device) -> Prepared:
         kwargs: dict[str, Any] = {"find_unused_parameters": spec.find_unused_parameters}
         if spec.bucket_cap_mb is not None:
             kwargs["bucket_cap_mb"] = spec.bucket_cap_mb
-        if spec.first_bucket_bytes is not None:
-            torch.distributed._DEFAULT_FIRST_BUCKET_BYTES = spec.first_bucket_bytes  # restored by _run_row
+        first = spec.first_bucket_bytes
+        if first is None and spec.bucket_cap_mb is not None:
+            # DDP makes its first bucket bucket_cap_mb too when that is given; DDPOptimizer
+            # would still use 1 MiB (and assert it is not above the cap): align the two
+            first = int(spec.bucket_cap_mb * 2**20)
+        if first is not None:
+            torch.distributed._DEFAULT_FIRST_BUCKET_BYTES = first  # restored by _run_row
         if device.type == "cuda":
             kwargs["device_ids"] = [device.index]
         ddp = DDP(model, **kwargs)
