@@ -313,6 +313,7 @@ def _rank_main(rank: int, fn: Callable[[RankContext, Any], Any], world_size: int
     import torch.distributed as dist
 
     os.environ.update(GPU_ENV)  # before any communicator exists (also set at spawn)
+    _dump_stacks_on(os.path.join(workdir, f"rank{rank}.log"))
     if torch.device(device).type == "cuda":
         torch.cuda.set_device(rank % max(torch.cuda.device_count(), 1))
         device = f"cuda:{torch.cuda.current_device()}"
@@ -338,6 +339,22 @@ def _rank_main(rank: int, fn: Callable[[RankContext, Any], Any], world_size: int
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+_STACK_SIGNAL = getattr(__import__("signal"), "SIGUSR1", None)
+_stack_files: list[Any] = []  # kept open for the life of the rank
+
+
+def _dump_stacks_on(log_path: str) -> None:
+    """On ``SIGUSR1``, write every thread's Python stack to the rank's log (the launcher
+    sends it to ranks that miss the deadline, before terminating them)."""
+    import faulthandler
+
+    if _STACK_SIGNAL is None:  # pragma: no cover - not on this platform
+        return
+    f = open(log_path, "a")
+    _stack_files.append(f)
+    faulthandler.register(_STACK_SIGNAL, file=f, all_threads=True)
 
 
 def launch(
@@ -392,8 +409,10 @@ def launch(
         while True:
             left = timeout_s - (time.monotonic() - started)
             if left <= 0:
+                _dump_stacks(ctx.processes)
                 _terminate(ctx.processes)
-                raise LaunchError(f"{nproc} rank(s) did not finish within {timeout_s:.0f} s; all terminated.\n" + _log_tails(workdir, nproc))
+                raise LaunchError(f"{nproc} rank(s) did not finish within {timeout_s:.0f} s; all terminated "
+                                  f"(each rank's Python stacks are at the end of {workdir}/rank<N>.log).\n" + _log_tails(workdir, nproc))
             if ctx.join(timeout=min(left, 1.0), grace_period=5.0):
                 break
     except mp.ProcessRaisedException as e:
@@ -407,6 +426,18 @@ def launch(
         with open(os.path.join(workdir, f"rank{rank}.json")) as f:
             results.append(json.load(f))
     return results
+
+
+def _dump_stacks(processes: list[Any]) -> None:
+    if _STACK_SIGNAL is None:  # pragma: no cover
+        return
+    for p in processes:
+        if p.is_alive() and p.pid:
+            try:
+                os.kill(p.pid, _STACK_SIGNAL)
+            except OSError:
+                pass
+    time.sleep(1.0)  # let them write
 
 
 def _terminate(processes: list[Any]) -> None:
