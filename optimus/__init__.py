@@ -27,6 +27,11 @@ if not _os.path.isdir(_os.path.join(_here, "kernels")):
     if _os.path.isfile(_os.path.join(_root, "kernels", "__init__.py")):
         __path__.append(_root)  # type: ignore[name-defined]  # noqa: F821
 
+# The levels register their graph views with the core, the rule modules register the
+# built-in rules: importing any optimus module runs this file first, so every entry point
+# (optimus.compile, optimus.core.registry.resolve, the command line) sees them.
+from . import aten_ir, torch_ir  # noqa: E402,F401
+from . import rules as _builtin_rules  # noqa: E402,F401
 from .compile import compile, explain, last_report, make_backend, optimize  # noqa: E402
 from .core.pattern import ANY, Alt, Each, ListOf, Lit, Op, Var  # noqa: E402
 from .core.registry import REGISTRY, DriverOptions, PassConfig, resolve  # noqa: E402
@@ -41,7 +46,6 @@ def register_rule(r: Rule, replace: bool = False) -> Rule:
 
 def list_rules(level: str | None = None) -> list[Rule]:
     """Registered rules (built-in and user), in the order the driver tries them."""
-    resolve("none")  # loads the built-in rules
     return REGISTRY.rules(level)
 
 

@@ -29,7 +29,8 @@ import torch
 import torch.fx as fx
 
 from . import compat, safety_net
-from .core.driver import optimize_graph, restore, snapshot
+from .core.runner import optimize_graph
+from .core.snapshot import restore, snapshot
 from .core.passkey import UuidKeyed
 from .core.registry import PassConfig, resolve
 from .core.report import Report
@@ -332,7 +333,7 @@ def optimize(
     shapes are propagated with fake tensors first. The report is available from
     ``optimus.last_report()`` and ``gm.meta["optimus_report"]``.
     """
-    from .core.driver import make_view
+    from .core.levels import make_view
 
     if level not in ("torch_ir", "aten_ir"):
         raise ValueError(f"optimize() rewrites FX graphs at 'torch_ir' or 'aten_ir', not {level!r}")

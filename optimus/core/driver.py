@@ -14,28 +14,22 @@ For one graph at one level:
    removed nodes and their users) are re-queued, so rules interplay to a fixpoint.
    A rewrite budget (default ``4 * nodes + 1000``) bounds rule cycles.
 
-``optimize_graph`` wraps that with a whole-graph snapshot: if the final lint fails, the
-level is rolled back entirely. With ``numeric_check`` it also runs the original and the
-optimized graph on random inputs and, on a mismatch, replays the rewrites to find and
-disable the rule responsible (see ``numeric.py``).
+The level runner (``runner.optimize_graph``) wraps that with a whole-graph snapshot and
+the numeric check.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
-import gc
 import heapq
 import logging
 import time
-import warnings
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 import torch
 import torch.fx as fx
 
-from .registry import PassConfig
-from .report import GraphReport, Report, RuleStats
+from .report import GraphReport, RuleStats
 from .rule import Builder, Decline, Rule, condition_reason
 from .safety import MAY_ALIAS_OPS, AliasAnalysis, layout_difference, reads_layout, viewable
 from .symbolic import known_eq, known_sizes_eq
@@ -482,77 +476,6 @@ def _check_same_value(view: GraphView, old: fx.Node, new: fx.Node) -> None:
         raise RuntimeError(f"value changed: {old.name} -> {new.name}")
 
 
-# ------------------------------------------------------------------ graph-level API
-_FX_NODE_FIELDS = frozenset(vars(fx.Graph().placeholder("x")))
-
-
-class GraphRecord:
-    """What a graph was, cheaply: each node's op, target, args, kwargs, name, metadata
-    and any attribute others set on it (Dynamo's ``_dynamo_source`` on placeholders).
-
-    Recording is O(nodes) with no node creation (FX replaces, never mutates, a node's
-    args tuple and kwargs dict, so keeping references is enough). Only a rollback or the
-    numeric check pays for rebuilding a graph from the record.
-    """
-
-    def __init__(self, graph: fx.Graph) -> None:
-        self.owning_module = graph.owning_module
-        self.entries = [(n, n.op, n.target, n.args, n.kwargs, n.name, n.type, n.meta) for n in graph.nodes]
-        self.extras = {n: {k: v for k, v in vars(n).items() if k not in _FX_NODE_FIELDS} for n in graph.nodes}
-
-    def rebuild_into(self, graph: fx.Graph, keep: dict[fx.Node, fx.Node] | None = None) -> None:
-        """Append the recorded nodes to ``graph``; nodes in ``keep`` (recorded node ->
-        live node already in ``graph``) are reused instead of created."""
-        new: dict[fx.Node, fx.Node] = dict(keep or {})
-        for old, op, target, args, kwargs, name, type_, meta in self.entries:
-            if old in new:
-                continue
-            remap = lambda a: new[a]  # noqa: E731
-            node = graph.create_node(op, target, fx.node.map_arg(args, remap), fx.node.map_arg(kwargs, remap), name, type_)
-            node.meta = dict(meta)
-            for k, v in self.extras.get(old, {}).items():
-                setattr(node, k, v)
-            new[old] = node
-
-    def materialize(self) -> fx.Graph:
-        graph = fx.Graph(owning_module=self.owning_module)
-        self.rebuild_into(graph)
-        return graph
-
-
-def snapshot(graph: fx.Graph) -> GraphRecord:
-    """A record of the graph for whole-level rollback (see ``GraphRecord``)."""
-    return GraphRecord(graph)
-
-
-def restore(graph: fx.Graph, record: GraphRecord) -> None:
-    """Make ``graph`` (the same object, which callers hold) what ``record`` recorded.
-
-    The leading placeholders stay the same node objects when they are still the graph's
-    (rules never replace inputs): whoever holds them, Dynamo and AOTAutograd included,
-    keeps valid references. Everything else is rebuilt from the record.
-    """
-    lead = []
-    for entry in record.entries:
-        if entry[1] != "placeholder":
-            break
-        lead.append(entry[0])
-    live = [n for n in graph.nodes if n.op == "placeholder"]
-    keep: dict[fx.Node, fx.Node] = {}
-    if live == lead:
-        keep = {n: n for n in lead}
-        for n, (_, _, target, _, _, name, _, meta) in zip(lead, record.entries):
-            n.meta = meta
-    for node in reversed(list(graph.nodes)):
-        if node in keep:
-            continue
-        node.users.clear()  # every user is being erased too
-        graph.erase_node(node)
-    for n in keep:
-        n.users.clear()
-    record.rebuild_into(graph, keep)
-
-
 def _reorder_span(first: fx.Node, last: fx.Node) -> bool:
     """Stably reorder the nodes from ``first`` to ``last`` so inputs precede users.
 
@@ -612,95 +535,3 @@ def stable_topological_sort(graph: fx.Graph) -> None:
     for n in order:
         cursor.append(n)
         cursor = n
-
-
-def make_view(level: str, gm: fx.GraphModule) -> GraphView:
-    if level == "torch_ir":
-        from ..torch_ir.view import TorchIRView
-
-        return TorchIRView(gm)
-    if level == "aten_ir":
-        from ..aten_ir.view import AtenIRView
-
-        return AtenIRView(gm)
-    raise ValueError(f"no FX graph view for level {level!r}")
-
-
-def optimize_graph(  # the caller recompiles gm if it runs it as Python (Inductor does not)
-    gm: fx.GraphModule,
-    level: str,
-    config: PassConfig,
-    report: Report,
-    graph_name: str,
-    view: GraphView | None = None,
-    example_inputs: list[Any] | None = None,
-) -> GraphReport | None:
-    """Run the level's selected rules on ``gm`` in place; record what happened."""
-    rules = [(r, config.options_for(level, r)) for r in config.rules_for(level)]
-    if not rules:
-        return None
-    view = view or make_view(level, gm)
-    graph = gm.graph
-    gr = report.new_graph(level, graph_name)
-    gr.nodes_before = len(graph.nodes)
-    t0 = time.perf_counter()
-    with _gc_paused():
-        _run_with_rollback(gm, view, rules, config, gr, example_inputs)
-    gr.nodes_after = len(graph.nodes)
-    gr.time_s = time.perf_counter() - t0
-    return gr
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Rewriting allocates many short-lived objects (nodes, fake tensors); Python's cyclic
-    collector would rescan the whole graph repeatedly. Pause it, then restore its state."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def _run_with_rollback(gm: fx.GraphModule, view: GraphView, rules: list[tuple[Rule, dict[str, Any]]], config: PassConfig, gr: GraphReport, example_inputs: list[Any] | None) -> None:
-    graph = gm.graph
-    level, graph_name = gr.level, gr.graph
-    backup = snapshot(graph)
-    disabled: set[str] = set()
-    for _attempt in range(4):
-        active = [(r, o) for r, o in rules if r.name not in disabled]
-        driver = Driver(view, active, gr, config.driver.max_rewrites, config.driver.lint == "each")
-        try:
-            driver.run()
-            graph.lint()
-        except Exception as e:  # the driver itself failed: leave the level untouched
-            restore(graph, backup)
-            gr.notes.append(f"level rolled back: {type(e).__name__}: {e}")
-            log.warning("optimus: %s pass on %s rolled back: %s", level, graph_name, e)
-            break
-        if not config.driver.numeric_check or driver.rewrites == 0:
-            break
-        gm.recompile()
-        from .numeric import NUMERIC_SKIPPED, find_culprit
-
-        differs, culprit, note = find_culprit(gm, backup, view, active, example_inputs, config.driver.max_rewrites)
-        if not differs:
-            gr.notes.append(note)
-            if note.startswith(NUMERIC_SKIPPED):
-                # asked for, but could not run: the rewrites went through unchecked
-                msg = f"optimus: numeric_check=True could not run on {level} {graph_name} ({note}); its {driver.rewrites} rewrite(s) were NOT verified. Pass example_inputs (optimus.optimize(gm, example_inputs=...)) or shape metadata."
-                warnings.warn(msg, RuntimeWarning, stacklevel=2)
-                log.warning(msg)
-            break
-        if culprit is None:
-            restore(graph, backup)
-            gr.notes.append(f"{note}; the level was rolled back")
-            break
-        gr.notes.append(f"numeric check: rule {culprit!r} changed results; rolled back and disabled for this graph")
-        gr.stats(culprit).errors.append("changed numeric results (numeric check)")
-        log.warning("optimus: rule %s changed numeric results on %s; disabled", culprit, graph_name)
-        restore(graph, backup)
-        gr.rules = {name: RuleStats(errors=list(s.errors)) for name, s in gr.rules.items()}  # recount on retry
-        disabled.add(culprit)

@@ -27,12 +27,15 @@ queries, so grouping stays linear in the graph size).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import inspect
 from typing import Any, Callable, Hashable, Iterable, Sequence
 
 import torch.fx as fx
 
-from .rule import Builder, Rule, condition_reason
+from .levels import LEVELS
+from .registry import KINDS, REGISTRY
+from .rule import Builder, Decline, Rule, _code_fingerprint, condition_reason
 from .symbolic import size_hint
 from .view import GraphView
 from .vocab import Call
@@ -57,8 +60,6 @@ class Group:
         return [c.node for c in self.members]
 
     def decline(self, reason: str) -> None:
-        from .rule import Decline
-
         raise Decline(reason)
 
     def shape(self, value: Any) -> Any:
@@ -88,8 +89,6 @@ class GroupRule(Rule):
 
     def __post_init__(self) -> None:
         # A GroupRule has no tree pattern; reuse Rule's checks for kind and levels only.
-        from .rule import KINDS, LEVELS
-
         if self.kind not in KINDS:
             raise ValueError(f"rule {self.name!r}: kind must be one of {KINDS}")
         bad = [lv for lv in self.levels if lv not in LEVELS]
@@ -102,10 +101,6 @@ class GroupRule(Rule):
         return self.anchor_ops
 
     def fingerprint(self) -> str:
-        import hashlib
-
-        from .rule import _code_fingerprint
-
         h = hashlib.sha256(self.name.encode())
         h.update(repr(self.anchor_ops).encode())
         h.update(repr(sorted(self.options.items())).encode())
@@ -151,8 +146,6 @@ def group_rule(
             anchor_ops=(anchors,) if isinstance(anchors, str) else tuple(anchors),
         )
         if register:
-            from .registry import REGISTRY
-
             REGISTRY.add(r)
         return r
 

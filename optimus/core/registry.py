@@ -28,10 +28,14 @@ import dataclasses
 import difflib
 import hashlib
 import json
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
-from .rule import KINDS, LEVELS, Rule
+from .levels import LEVELS
 
+if TYPE_CHECKING:
+    from .rule import Rule
+
+KINDS: tuple[str, ...] = ("canonicalize", "vertical", "horizontal")
 PRESETS: dict[str, tuple[str, ...]] = {
     "none": (),
     "vertical": ("canonicalize", "vertical"),
@@ -139,7 +143,6 @@ class PassConfig:
 
 def resolve(passes: Any = "all") -> PassConfig:
     """Turn a user's ``passes`` value into a ``PassConfig`` (see module docstring)."""
-    _load_builtin_rules()
     if isinstance(passes, PassConfig):
         return passes
     if passes is None:
@@ -241,12 +244,3 @@ def _unknown(what: str, name: Any, valid: list[str]) -> str:
     hint = f" Did you mean: {', '.join(close)}?" if close else ""
     return f"unknown {what} name {name!r}.{hint} Valid names: {', '.join(valid)}"
 
-
-_BUILTINS_LOADED = False
-
-
-def _load_builtin_rules() -> None:
-    global _BUILTINS_LOADED
-    if not _BUILTINS_LOADED:
-        _BUILTINS_LOADED = True
-        from .. import rules  # noqa: F401  (registers the built-in rules)

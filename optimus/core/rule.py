@@ -27,12 +27,11 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch.fx as fx
 
+from .levels import LEVELS
 from .pattern import MatchState, Op, Pattern
+from .registry import KINDS, REGISTRY
 from .view import GraphView, getitem_users
 from .vocab import DEFAULTS, SCHEMAS, Call, ParamRef
-
-LEVELS: tuple[str, ...] = ("torch_ir", "aten_ir", "inductor_ir")
-KINDS: tuple[str, ...] = ("canonicalize", "vertical", "horizontal")
 
 
 class Decline(Exception):
@@ -285,8 +284,6 @@ def rule(
             default=default,
         )
         if register:
-            from .registry import REGISTRY
-
             REGISTRY.add(r)
         return r
 
