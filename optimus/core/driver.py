@@ -30,7 +30,8 @@ import torch
 import torch.fx as fx
 
 from .report import GraphReport, RuleStats
-from .rule import Builder, Decline, Rule, condition_reason
+from .group import GroupRule, classify_all, depths, find_groups
+from .rule import Builder, Decline, PatternRule, Rule
 from .safety import MAY_ALIAS_OPS, AliasAnalysis, layout_difference, reads_layout, viewable
 from .symbolic import known_eq, known_sizes_eq
 from .view import GraphView
@@ -53,8 +54,6 @@ class Driver:
         self.view = view
         self.graph = view.graph
         self.report = report
-        from .group import GroupRule
-
         self.by_anchor: dict[str, list[tuple[Rule, dict[str, Any]]]] = collections.defaultdict(list)
         self.group_rules: list[tuple[GroupRule, dict[str, Any]]] = []
         for rule, options in rules:
@@ -90,9 +89,7 @@ class Driver:
                 break
             self._fixpoint()
 
-    def _run_group_rule(self, rule: Any, options: dict[str, Any]) -> int:
-        from .group import classify_all, depths, find_groups
-
+    def _run_group_rule(self, rule: GroupRule, options: dict[str, Any]) -> int:
         stats = self.report.stats(rule.name)
 
         def excluded(node: fx.Node) -> str | None:
@@ -112,7 +109,7 @@ class Driver:
             fused += self._try_group(rule, group, stats)
         return fused
 
-    def _try_group(self, rule: Any, group: Any, stats: RuleStats) -> bool:
+    def _try_group(self, rule: GroupRule, group: Any, stats: RuleStats) -> bool:
         if any(n._erased for n in group.nodes):
             return False
         # Earlier fusions this round may have rewired the members' inputs: read them again.
@@ -124,11 +121,11 @@ class Driver:
         t0 = time.perf_counter()
         builder: Builder | None = None
         try:
-            reason = rule.conditions_fail(group)
-            if reason:
+            reason = rule.decline_reason(group)
+            if reason is not None:
                 raise Decline(reason)
             builder = Builder(self.view, anchor)
-            pairs = self._pairs(rule.group_replace(group, builder), anchor)
+            pairs = self._pairs(rule.replace(group, builder), anchor)
             checked = self._validate(pairs, builder, group=True)
             self._commit(rule, anchor, pairs, builder, stats, checked)
             return True
@@ -171,7 +168,7 @@ class Driver:
                 self._queue.append(n)
 
     # ------------------------------------------------------------- one rewrite
-    def _try(self, rule: Rule, options: dict[str, Any], call: Any) -> bool:
+    def _try(self, rule: PatternRule, options: dict[str, Any], call: Any) -> bool:
         match = rule.match(call, self.view, options)
         if match is None:
             return False
@@ -181,9 +178,9 @@ class Driver:
         builder: Builder | None = None
         try:
             self._check_region(match)
-            for cond in rule.where:
-                if not cond(match):
-                    raise Decline(condition_reason(cond))
+            reason = rule.decline_reason(match)
+            if reason is not None:
+                raise Decline(reason)
             builder = Builder(self.view, anchor)
             result = rule.replace(match, builder)
             pairs = self._pairs(result, anchor)

@@ -123,7 +123,8 @@ class PassConfig:
         return [REGISTRY.get(n) for n in self.rules.get(level, ()) if n in REGISTRY]
 
     def options_for(self, level: str, rule: Rule) -> dict[str, Any]:
-        merged = dict(rule.options)
+        """The rule's settings at ``level``: its options and knobs, then what the user set."""
+        merged = rule.option_defaults()
         merged.update(self.options.get((level, rule.name), {}))
         return merged
 
@@ -229,12 +230,13 @@ def _select_names(names: list[str], levels: Iterable[str], selected: dict[str, l
 
 
 def _check_options(rule: Rule, given: dict[str, Any]) -> None:
-    unknown = [k for k in given if k not in rule.options]
+    settable = rule.option_defaults()  # the rule's options and its driver's knobs
+    unknown = [k for k in given if k not in settable]
     if unknown:
-        valid = sorted(rule.options) or "none"
+        valid = sorted(settable) or "none"
         raise ValueError(f"rule {rule.name!r} has no option(s) {unknown}; valid options: {valid}")
     for k, v in given.items():
-        default = rule.options[k]
+        default = settable[k]
         if default is not None and not isinstance(v, type(default)) and not (isinstance(default, float) and isinstance(v, int)):
             raise TypeError(f"rule {rule.name!r} option {k!r} must be {type(default).__name__}, got {type(v).__name__}")
 

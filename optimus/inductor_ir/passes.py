@@ -36,7 +36,7 @@ from typing import Any
 
 from ..core.passkey import UuidKeyed
 from ..core.report import GraphReport, RuleStats
-from ..core.rule import Decline, condition_reason
+from ..core.rule import Decline
 from . import compat
 from .rule import ComboAction, FuseAction, FusionBuilder, FusionMatch, FusionRule
 from .view import SchedulerView
@@ -255,9 +255,9 @@ class Driver:
         return call.op
 
     def _conditions(self, rule: FusionRule, m: FusionMatch) -> None:
-        for cond in rule.where:
-            if not cond(m):
-                raise Decline(condition_reason(cond))
+        reason = rule.decline_reason(m)
+        if reason is not None:
+            raise Decline(reason)
 
     def _candidates(self, rule: FusionRule, options: dict[str, Any]) -> list[Any]:
         return [n for n in self.view.nodes if rule.candidate(self.view.classify(n), self.view, options)]

@@ -28,9 +28,8 @@ def _only_getitem_users(m):
     return m.getitems(m.split) is not None
 
 
-def _one_section(call, view):
-    sizes = call.args["sizes"]
-    return isinstance(sizes, list) and len(sizes) == 1
+def _one_section(m):
+    return isinstance(m.sizes, list) and len(m.sizes) == 1
 
 
 @rule(Op("split", X, S, D).bind("split").such_that(_one_section), where=[_only_getitem_users], priority=10)
@@ -57,12 +56,11 @@ def split_cat_to_identity(m, b):
     return m.x
 
 
-def _has_adjacent_run(call, view):
-    tensors, dim = call.args["tensors"], call.args["dim"]
-    if not isinstance(tensors, list) or not is_int(dim):
+def _has_adjacent_run(m):
+    if not isinstance(m.tensors, list) or not is_int(m.dim):
         return False
-    segs = [segment_of(view, t) for t in tensors]
-    return any(j - i >= 2 and segs[i] is not None for i, j in adjacent_runs(segs, dim))
+    segs = [segment_of(m.view, t) for t in m.tensors]
+    return any(j - i >= 2 and segs[i] is not None for i, j in adjacent_runs(segs, m.dim))
 
 
 @rule(Op("cat", Var("tensors"), D).such_that(_has_adjacent_run), options={"min_run": 2}, priority=25)
@@ -104,11 +102,11 @@ def _shape_emittable(m):
     return emittable_shape(m.shape(m.x)) is not None
 
 
-def _cat_dim_differs(call, view):
-    tensors = call.args["tensors"]
-    first = view.classify(tensors[0]) if isinstance(tensors, list) and tensors and isinstance(tensors[0], fx.Node) else None
-    split = view.classify(first.args["input"]) if first is not None and first.op == "getitem" else None
-    return split is not None and split.op == "split" and split.args["dim"] != call.args["dim"]
+def _cat_dim_differs(m):
+    tensors = m.anchor.args["tensors"]
+    first = m.call(tensors[0]) if isinstance(tensors, list) and tensors and isinstance(tensors[0], fx.Node) else None
+    split = m.call(first.args["input"]) if first is not None and first.op == "getitem" else None
+    return split is not None and split.op == "split" and split.args["dim"] != m.cat_dim
 
 
 @rule(
@@ -149,7 +147,7 @@ def _stacked_equal_chunks(call, view):
     return None
 
 
-@rule(Op(STACK_SPELLINGS).such_that(lambda c, v: _stacked_equal_chunks(c, v) is not None), priority=30)
+@rule(Op(STACK_SPELLINGS).such_that(lambda m: _stacked_equal_chunks(m.anchor, m.view) is not None), priority=30)
 def split_stack_to_view(m, b):
     """Stacking every chunk of an equal split is a reshape (and a permute).
 
@@ -167,9 +165,8 @@ def split_stack_to_view(m, b):
     return y if d == e else b.permute(y, permute_for_movedim(len(shape) + 1, d, e))
 
 
-def _sizes_all_one(call, view):
-    sizes = call.args["sizes"]
-    return isinstance(sizes, list) and len(sizes) > 1 and all(s == 1 for s in sizes)
+def _sizes_all_one(m):
+    return isinstance(m.sizes, list) and len(m.sizes) > 1 and all(s == 1 for s in m.sizes)
 
 
 def _chunks_only_squeezed(m):
