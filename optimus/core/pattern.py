@@ -130,9 +130,6 @@ class Each(Pattern):
     def children(self) -> list[Pattern]:
         return [self.inner]
 
-    def each_names(self) -> Iterator[str]:
-        yield self.name
-
     def __repr__(self) -> str:
         return f"each {self.name}"
 

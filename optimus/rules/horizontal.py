@@ -284,8 +284,3 @@ def batch_mm(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
         bias = b.unsqueeze(bias, 1)
     a0 = g.members[0].args
     return _unbind_results(g, b, b.baddbmm(bias, x, w, a0.get("beta", 1), a0.get("alpha", 1)))
-
-
-def _is_static(view: GraphView, node: Any) -> bool:
-    shape = view.shape(node)
-    return shape is not None and all(is_int(s) for s in shape)
