@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     rules.add_argument("--markdown", action="store_true", help="the rule catalogue as markdown (docs/rules.md)")
     rules.set_defaults(func=_cmd_rules)
 
-    for module in ("optimus.bench.cli", "optimus.fuzz"):
+    for module in ("optimus.bench.cli", "optimus.tools.fuzz"):
         try:
             mod = __import__(module, fromlist=["register"])
         except ImportError:
