@@ -19,7 +19,7 @@ def _passes_arg(value: str) -> Any:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import DemoConfig, format_demo, run_demo
+    from .tools.demo import DemoConfig, format_demo, run_demo
 
     if args.device == "cuda":
         import torch
@@ -42,7 +42,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
     import optimus
 
-    from .demo import DemoConfig, SplitCatDemo
+    from .tools.demo import DemoConfig, SplitCatDemo
 
     cfg = DemoConfig.small() if args.small else DemoConfig()
     model = SplitCatDemo(cfg.features, cfg.width, cfg.rounds)

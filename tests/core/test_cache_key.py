@@ -1,0 +1,26 @@
+"""The compile-cache key hashes what decides compiled code, and nothing else."""
+
+import importlib
+
+oc = importlib.import_module("optimus.compile")  # the module (optimus.compile is also the function)
+
+
+def test_key_covers_the_compiling_sources_only():
+    names = [name for name, _ in oc.compiled_source_files()]
+    for required in ("core/rule.py", "core/driver.py", "torch_ir/view.py", "aten_ir/view.py", "inductor_ir/passes.py",
+                     "rules/split_cat.py", "rules/kernel_fusion.py", "compile.py", "compat.py", "safety_net.py",
+                     "kernels/ops.py", "kernels/custom_ops.py", "kernels/eager.py"):
+        assert required in names, required
+    for tool in ("tools/", "bench/", "models/", "measure.py", "cli.py", "kernels/bench.py", "kernels/aot_check.py"):
+        assert not any(n.startswith(tool) for n in names), tool
+    assert names == sorted(names)
+
+
+def test_key_changes_with_a_compiling_source(monkeypatch, tmp_path):
+    before = oc.source_fingerprint.__wrapped__()
+    files = oc.compiled_source_files()
+    name, path = next((n, p) for n, p in files if n == "rules/split_cat.py")
+    edited = tmp_path / "split_cat.py"
+    edited.write_bytes(path.read_bytes() + b"\n# edited\n")
+    monkeypatch.setattr(oc, "compiled_source_files", lambda: [(n, edited if n == name else p) for n, p in files])
+    assert oc.source_fingerprint.__wrapped__() != before
