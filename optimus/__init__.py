@@ -1,9 +1,10 @@
 """Optimus: a multi-level graph optimizer for PyTorch 2.x.
 
 Vertical rewrites delete pointless chains (split-then-cat, unbind-then-stack);
-horizontal rewrites merge independent identical ops. Rules are written once against a
-canonical op vocabulary and run at Torch-IR (Dynamo's pre-grad graph), Aten-IR (post-grad
-forward/backward graphs) and, through scheduler hooks, Inductor-IR.
+horizontal rewrites merge independent identical ops. FX rules are written once against a
+canonical op vocabulary and run at Torch-IR (Dynamo's pre-grad graph) and Aten-IR
+(post-grad forward/backward graphs); Inductor-IR rules, in the same form, decide which
+scheduler nodes become one kernel.
 
 Quick start::
 
