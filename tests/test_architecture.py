@@ -184,3 +184,24 @@ def test_the_checker_sees_lazy_imports_and_skips_type_checking_ones():
     )
     targets = [t for node in _import_nodes(tree) for t in _targets("optimus.cli", node)]
     assert sorted(targets) == ["optimus.compile", "optimus.core.rule"]
+
+
+def test_registry_sees_the_builtin_rules_from_a_fresh_interpreter():
+    """``resolve`` imports nothing; importing any optimus module runs optimus/__init__.py,
+    which loads the levels and the built-in rules first."""
+    import subprocess
+    import sys
+
+    code = (
+        "from optimus.core.registry import resolve\n"
+        "from optimus.core.levels import make_view\n"
+        "cfg = resolve('all')\n"
+        "assert 'merge_splits' in cfg.rules['torch_ir'] and 'batch_mm' in cfg.rules['aten_ir'], cfg.rules\n"
+        "assert 'fuse_independent_kernels' in cfg.rules['inductor_ir'], cfg.rules\n"
+        "import torch\n"
+        "gm = torch.fx.symbolic_trace(torch.nn.ReLU())\n"
+        "print(type(make_view('torch_ir', gm)).__name__, type(make_view('aten_ir', gm)).__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["TorchIRView", "AtenIRView"]
