@@ -20,8 +20,9 @@ so the same pattern matches ``torch.cat([*x.split(2, -1)], dim=1)`` at Torch-IR 
 * ``ANY``: anything, not captured.
 
 ``.such_that(fn)`` on the root ``Op`` adds a silent filter: ``fn(m)`` receives the rule's
-``Match`` once the whole pattern matched (so it can read every capture) and returns what a
-condition returns; a rule turned away by its filter is not reported (see ``core.rule``).
+``Match`` before the rest of the pattern is matched (``m.anchor``, ``m.view``, the root's
+own ``.bind`` capture) and returns what a condition returns; a node turned away by the
+filter is not reported (see ``core.rule``).
 """
 
 from __future__ import annotations
@@ -203,7 +204,8 @@ class Op(Pattern):
     def such_that(self, test: Any) -> "Op":
         """A silent filter on the root op: the rule matches only where ``test(m)`` is met
         (``m`` is the rule's ``Match``; ``test`` returns what a condition returns). The rule
-        evaluates it after the whole pattern matched; nodes it turns away are not reported."""
+        evaluates it first, on the anchor alone, before the rest of the pattern; nodes it
+        turns away are not reported."""
         self.test = test
         return self
 

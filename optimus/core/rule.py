@@ -30,7 +30,10 @@ the report. The replacement may also decline with ``m.decline("why")``.
 
 **Filters** (``Op(...).such_that(fn)`` on the pattern's root) take the same match and
 return the same values, but stay silent: they say what a rule is about ("a split into
-one section"), not why it declined, so nodes they turn away are not reported.
+one section"), not why it declined, so nodes they turn away are not reported. A filter
+runs first, on the anchor alone (``m.anchor``, ``m.view``, the helpers, the root's own
+``.bind`` capture), to turn nodes away before the rest of the pattern is matched;
+conditions run after the whole match and see every capture.
 
 **Priority**: lower runs first (``0`` canonicalizes before everything). It is the rule's
 place in one catalogue, the order ``optimus rules`` lists and the driver tries rules at
@@ -76,6 +79,7 @@ __all__ = [
     "PatternRule",
     "Rule",
     "condition_reason",
+    "met",
     "rule",
     "rule_decorator",
     "unmet",
@@ -251,6 +255,12 @@ def condition_reason(cond: Callable[..., Any]) -> str:
     return doc.splitlines()[0] if doc else getattr(cond, "__name__", repr(cond)).replace("_", " ")
 
 
+def met(cond: Callable[[Any], Any], match: Any) -> bool:
+    """Does ``cond(match)`` let the rewrite go ahead? (``unmet`` without the reason: filters.)"""
+    result = cond(match)
+    return result is None or result is True or (not isinstance(result, str) and bool(result))
+
+
 def unmet(cond: Callable[[Any], Any], match: Any) -> str | None:
     """``None`` when ``cond(match)`` lets the rewrite go ahead, else the decline reason.
 
@@ -382,13 +392,27 @@ class PatternRule(Rule):
         return self.pattern.ops
 
     def match(self, call: Call, view: Any, options: dict[str, Any]) -> Match | None:
-        """The match of the pattern (and its filter) on ``call``, or ``None`` (silent)."""
+        """The match of the filter and the pattern on ``call``, or ``None`` (silent).
+
+        The filter runs first, on the anchor alone (it sees ``m.anchor``, ``m.view``, the
+        helpers and the root's own ``.bind`` capture), so that it turns nodes away before
+        the rest of the pattern is matched."""
+        pattern = self.pattern
+        if call.op not in pattern.ops:
+            return None
         state = MatchState(view)
-        if not self.pattern.match_call(call, state):
+        m = None
+        if pattern.test is not None:
+            if pattern.capture is not None:
+                state.bindings[pattern.capture] = call.node
+            m = Match(self, call, state, options)
+            if not met(pattern.test, m):
+                return None
+        if not pattern.match_call(call, state):
             return None
-        m = Match(self, call, state, options)
-        if self.pattern.test is not None and unmet(self.pattern.test, m) is not None:
-            return None
+        if m is None:
+            return Match(self, call, state, options)
+        m.bindings, m.nodes = state.bindings, state.nodes  # an Alt may have replaced them
         return m
 
     def structure(self) -> str:

@@ -29,7 +29,8 @@ def _only_getitem_users(m):
 
 
 def _one_section(m):
-    return isinstance(m.sizes, list) and len(m.sizes) == 1
+    sizes = m.anchor.args["sizes"]
+    return isinstance(sizes, list) and len(sizes) == 1
 
 
 @rule(Op("split", X, S, D).bind("split").such_that(_one_section), where=[_only_getitem_users], priority=10)
@@ -57,10 +58,11 @@ def split_cat_to_identity(m, b):
 
 
 def _has_adjacent_run(m):
-    if not isinstance(m.tensors, list) or not is_int(m.dim):
+    tensors, dim = m.anchor.args["tensors"], m.anchor.args["dim"]
+    if not isinstance(tensors, list) or not is_int(dim):
         return False
-    segs = [segment_of(m.view, t) for t in m.tensors]
-    return any(j - i >= 2 and segs[i] is not None for i, j in adjacent_runs(segs, m.dim))
+    segs = [segment_of(m.view, t) for t in tensors]
+    return any(j - i >= 2 and segs[i] is not None for i, j in adjacent_runs(segs, dim))
 
 
 @rule(Op("cat", Var("tensors"), D).such_that(_has_adjacent_run), options={"min_run": 2}, priority=25)
@@ -106,7 +108,7 @@ def _cat_dim_differs(m):
     tensors = m.anchor.args["tensors"]
     first = m.call(tensors[0]) if isinstance(tensors, list) and tensors and isinstance(tensors[0], fx.Node) else None
     split = m.call(first.args["input"]) if first is not None and first.op == "getitem" else None
-    return split is not None and split.op == "split" and split.args["dim"] != m.cat_dim
+    return split is not None and split.op == "split" and split.args["dim"] != m.anchor.args["dim"]
 
 
 @rule(
@@ -166,7 +168,8 @@ def split_stack_to_view(m, b):
 
 
 def _sizes_all_one(m):
-    return isinstance(m.sizes, list) and len(m.sizes) > 1 and all(s == 1 for s in m.sizes)
+    sizes = m.anchor.args["sizes"]
+    return isinstance(sizes, list) and len(sizes) > 1 and all(s == 1 for s in sizes)
 
 
 def _chunks_only_squeezed(m):

@@ -56,7 +56,7 @@ def unbind_stack_to_view(m, b):
 
 
 def _cats_consecutive_parts(m):
-    return stack_of(m.view, m.anchor) is None and _consecutive_parts(m.view, m.tensors) is not None
+    return stack_of(m.view, m.anchor) is None and _consecutive_parts(m.view, m.anchor.args["tensors"]) is not None
 
 
 @rule(Op("cat", Var("tensors"), Var("cat_dim")).such_that(_cats_consecutive_parts), priority=30)
@@ -77,7 +77,7 @@ def unbind_cat_to_view(m, b):
 
 
 def _unbinds_a_stack_on_its_dim(m):
-    src = m.stacked
+    src = m.anchor.args["input"]
     stacked = stack_of(m.view, m.call(src)) if isinstance(src, fx.Node) else None
     return stacked is not None and stacked[1] == m.anchor.args["dim"] and getitem_users(m.unbind) is not None
 
@@ -100,9 +100,9 @@ def stack_unbind_to_inputs(m, b):
 
 
 def _selects_from_a_stack_on_its_dim(m):
-    src = m.stacked
+    src = m.anchor.args["input"]
     stacked = stack_of(m.view, m.call(src)) if isinstance(src, fx.Node) else None
-    i = m.index
+    i = m.anchor.args["index"]
     return stacked is not None and stacked[1] == m.anchor.args["dim"] and isinstance(i, int) and 0 <= i < len(stacked[0])
 
 

@@ -12,7 +12,7 @@ PERMUTES = ("permute", "transpose")
 
 
 def _same_shape_as_input(m):
-    return known_sizes_eq(m.shape(m.anchor.node), m.shape(m.x))
+    return known_sizes_eq(m.shape(m.anchor.node), m.shape(m.anchor.args["input"]))
 
 
 @rule(Op(RESHAPES, Var("x"), ANY).such_that(_same_shape_as_input), priority=15)
@@ -66,7 +66,7 @@ def _as_permutation(call, rank):
 
 
 def _identity_permutation(m):
-    rank = m.rank(m.x)
+    rank = m.rank(m.anchor.args["input"])
     if rank is None:
         return False
     try:

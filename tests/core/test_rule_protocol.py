@@ -109,11 +109,13 @@ def test_conditions_decline_with_their_reason_and_filters_stay_silent():
         """never shown: the condition returns its own reason"""
         return None if m.shape(m.x)[-1] > 100 else f"the input has only {m.shape(m.x)[-1]} columns"
 
-    def about_tanh_inputs(m):
-        return m.call(m.x) is not None and m.call(m.x).op == "tanh"
+    def about_tanh_inputs(m):  # runs before the rest of the pattern: the anchor and its own capture
+        assert m.sig is m.anchor.node and "x" not in m.bindings
+        source = m.call(m.anchor.args["input"])
+        return source is not None and source.op == "tanh"
 
     r1 = optimus.rule(Op("relu", Var("x")), where=[requires_wide_input], name="test_reason_rule")(lambda m, b: m.x)
-    r2 = optimus.rule(Op("sigmoid", Var("x")).such_that(about_tanh_inputs), name="test_silent_rule")(lambda m, b: m.x)
+    r2 = optimus.rule(Op("sigmoid", Var("x")).bind("sig").such_that(about_tanh_inputs), name="test_silent_rule")(lambda m, b: m.x)
     try:
         gm = torch.fx.symbolic_trace(lambda x: (x.relu() + 1).sigmoid() + x.tanh().sigmoid())
         x = torch.randn(3, 4)
