@@ -1,8 +1,13 @@
 """The compile-cache key hashes what decides compiled code, and nothing else."""
 
 import importlib
+import pathlib
 
 oc = importlib.import_module("optimus.compile")  # the module (optimus.compile is also the function)
+
+# Top-level parts of the package that do not decide compiled code (so are not hashed). A
+# new module or package must be put here or in compile.COMPILED_SOURCES.
+NOT_COMPILING = {"__init__.py", "cli.py", "measure.py", "tools", "bench", "models"}
 
 
 def test_key_covers_the_compiling_sources_only():
@@ -24,3 +29,13 @@ def test_key_changes_with_a_compiling_source(monkeypatch, tmp_path):
     edited.write_bytes(path.read_bytes() + b"\n# edited\n")
     monkeypatch.setattr(oc, "compiled_source_files", lambda: [(n, edited if n == name else p) for n, p in files])
     assert oc.source_fingerprint.__wrapped__() != before
+
+
+def test_every_part_of_the_package_is_classified():
+    root = pathlib.Path(oc.__file__).parent
+    parts = {p.name for p in root.iterdir() if p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").is_file())}
+    parts.discard("kernels")  # an installed layout: hashed as the optimus.kernels package
+    assert parts == set(oc.COMPILED_SOURCES) | NOT_COMPILING, (
+        f"classify {sorted(parts - set(oc.COMPILED_SOURCES) - NOT_COMPILING)} (compile.COMPILED_SOURCES or NOT_COMPILING); "
+        f"gone: {sorted((set(oc.COMPILED_SOURCES) | NOT_COMPILING) - parts)}"
+    )
