@@ -28,17 +28,18 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from .core.driver import optimize_graph
+from . import compat, safety_net
+from .core.driver import optimize_graph, restore, snapshot
 from .core.passkey import UuidKeyed
 from .core.registry import PassConfig, resolve
 from .core.report import Report
 
 log = logging.getLogger("optimus")
 
-try:  # both torch 2.11 and 2.13 have it; keep the import guarded all the same
-    from torch._inductor.custom_graph_pass import CustomGraphPass
-except ImportError:  # pragma: no cover
-    CustomGraphPass = object  # type: ignore[misc,assignment]
+CustomGraphPass = compat.CustomGraphPass or object
+
+# The backend's own keys in ``options`` (everything else there is an Inductor option).
+PASSES_OPTION = "optimus_passes"
 
 
 @functools.lru_cache(maxsize=1)
@@ -54,7 +55,9 @@ def source_fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
-SCHEDULER_HOOKS = ("_pre_fusion_custom_pass", "_post_fusion_custom_pass")
+SCHEDULER_HOOKS = compat.SCHEDULER_HOOKS
+_INNER_HOOKS = ("post_grad_custom_pre_pass",) + compat.SCHEDULER_HOOKS
+_FX_LEVELS = ("torch_ir", "aten_ir")
 
 
 class Session:
@@ -64,11 +67,23 @@ class Session:
         self.config = config
         self.report = Report(config.spec or "custom")
         self._names: collections.Counter[str] = collections.Counter()
+        self._noted: set[str] = set()
 
     def fingerprint(self) -> str:
         return f"optimus-{source_fingerprint()}-{self.config.fingerprint()}"
 
+    def levels(self) -> tuple[str, ...]:
+        return tuple(lv for lv in ("torch_ir", "aten_ir", "inductor_ir") if self.config.enabled(lv))
+
+    def next_graph_name(self, kind: str) -> str:
+        idx = self._names[f"graph:{kind}"]
+        self._names[f"graph:{kind}"] += 1
+        return f"{kind} {idx}"
+
     def graph_name(self, level: str, graph: fx.Graph) -> str:
+        current = safety_net.GRAPH_KIND.get()
+        if current is not None and level != "torch_ir":
+            return current  # named by the per-graph ladder: the same at every level
         if level == "aten_ir":
             names = [n.name for n in graph.nodes if n.op == "placeholder"]
             kind = "backward" if any(n.startswith("tangents") for n in names) else (
@@ -80,6 +95,11 @@ class Session:
         self._names[f"{level}:{kind}"] += 1
         return f"{kind} {idx}"
 
+    def note_once(self, note: str) -> None:
+        if note not in self._noted:
+            self._noted.add(note)
+            self.report.notes.append(note)
+
     def run_level(self, level: str, graph: fx.Graph) -> None:
         gm = graph.owning_module
         if gm is None:
@@ -89,84 +109,151 @@ class Session:
         try:
             optimize_graph(gm, level, self.config, self.report, self.graph_name(level, graph))
         except Exception as e:  # never break the compile
+            if safety_net.passthrough(e):
+                raise
             log.warning("optimus: %s pass failed and was skipped: %s", level, e)
             self.report.notes.append(f"{level}: pass failed and was skipped ({type(e).__name__}: {e})")
 
-    def inductor_patches(self) -> dict[str, Any]:
-        patches: dict[str, Any] = {}
-        if not any(self.config.enabled(lv) for lv in ("torch_ir", "aten_ir", "inductor_ir")):
-            return patches
-        if self.config.enabled("torch_ir"):
-            patches["pre_grad_custom_pass"] = LevelPass(self, "torch_ir")
-        patches["post_grad_custom_pre_pass"] = LevelPass(self, "aten_ir")
-        if self.config.enabled("inductor_ir"):
+    # ------------------------------------------------------------ hooks
+    def optimus_hooks(self, levels: tuple[str, ...]) -> dict[str, Any]:
+        """Optimus's own pass per Inductor hook, for the given levels.
+
+        The post-grad pass is installed whenever any level is: its uuid covers every
+        level, which keeps the cache key right on torch versions whose key leaves a hook
+        out (2.11 ignores the post-fusion hook)."""
+        levels = tuple(lv for lv in levels if self.config.enabled(lv))
+        if not levels:
+            return {}
+        hooks: dict[str, Any] = {}
+        if "torch_ir" in levels:
+            hooks["pre_grad_custom_pass"] = LevelPass(self, "torch_ir", levels)
+        hooks["post_grad_custom_pre_pass"] = LevelPass(self, "aten_ir", levels)
+        if "inductor_ir" in levels:
             from .inductor_ir import scheduler_patches
 
-            patches.update(scheduler_patches(self))
-        return patches
+            hooks.update(scheduler_patches(self))
+        return hooks
 
-    def compile(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-        from torch._dynamo.utils import counters
-        from torch._inductor.compile_fx import compile_fx
+    def inductor_patches(self, levels: tuple[str, ...] | None = None, user: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Inductor config patches installing the passes of ``levels`` (default: every
+        enabled level), chained after the user's own passes in the same hooks."""
+        ours = self.optimus_hooks(self.levels() if levels is None else levels)
+        return safety_net.hook_patches(user or {}, ours)
 
-        before = _cache_hits(counters)
-        patches = self.inductor_patches()
+    def _attempts(self, user: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+        """The per-graph ladder: every level, then without Inductor-IR, then without any."""
+        plans: list[tuple[str, tuple[str, ...]]] = [("with every Optimus level", self.levels())]
+        if "inductor_ir" in self.levels() and any(lv in self.levels() for lv in _FX_LEVELS):
+            plans.append(("without the Inductor-IR passes", tuple(lv for lv in self.levels() if lv != "inductor_ir")))
+        plans.append(("without any Optimus pass", ()))
+        attempts = []
+        for label, levels in plans:
+            patches = self.inductor_patches(levels, user)
+            attempts.append((label, {h: patches.get(h, user.get(h)) for h in _INNER_HOOKS}))
+        return attempts
+
+    def _note_user_setup(self, user: dict[str, Any]) -> None:
+        for hook, value in user.items():
+            names = ", ".join(safety_net._name(p) for p in compat.as_pass_list(value))
+            self.note_once(f"your {hook} ({names}) runs, followed by Optimus's passes in the same hook")
+        for name, value in compat.user_fusion_options().items():
+            self.note_once(f"upstream Optimus passes you set in Inductor's {name} ran too: {', '.join(sorted(value))}")
+
+    # ------------------------------------------------------------ compile
+    def compile(self, gm: fx.GraphModule, example_inputs: list[Any], inductor_options: dict[str, Any] | None = None) -> Callable[..., Any]:
+        """Compile one Dynamo graph with Inductor and Optimus's passes, guarded so that
+        no failure of ours breaks it (see ``optimus.safety_net``)."""
+        options = dict(inductor_options or {})
+        user = compat.user_hooks(options)
+        self._note_user_setup(user)
+        plain = {**options, **safety_net.hook_patches(user, {})}
+        if not self.levels():
+            return compat.compile_fx(gm, example_inputs, None, plain)
+        eager = safety_net.eager_aliasing(gm)  # before any rewrite
+        record = snapshot(gm.graph)
+        before = compat.cache_hit_counts()
+        ladder = safety_net.GraphLadder(self._attempts(user), self.report, self.next_graph_name)
+        mark = len(self.report.graphs)
         try:
-            compiled = compile_fx(gm, example_inputs, config_patches=patches)
+            compiled = compat.compile_fx(gm, example_inputs, ladder, {**options, **self.inductor_patches(None, user)})
         except Exception as e:
-            # The Inductor-IR passes change which kernels Inductor generates; if generating
-            # or compiling them fails, compile again without them (the other levels' rewrites
-            # are checked and rolled back in place, so they cannot fail here).
-            hooks = [k for k in patches if k in SCHEDULER_HOOKS]
-            if not hooks:
+            if safety_net.passthrough(e):
+                # Dynamo's control flow, not a failure: it compiles the graph again
+                for g in self.report.graphs[mark:]:
+                    g.discarded = f"Dynamo restarted this compile ({type(e).__name__}); the graph is rewritten again when it is compiled again"
                 raise
-            note = (f"inductor_ir: compilation failed with the Inductor-IR passes ({type(e).__name__}: "
-                    f"{str(e)[:200]}); compiled again without them")
+            if safety_net.user_error(e):
+                raise
+            restore(gm.graph, record)
+            gm.recompile()
+            note = f"compiling a graph with Optimus failed ({safety_net.brief(e)}); compiled again without any Optimus pass"
             log.warning("optimus: %s", note)
             self.report.notes.append(note)
-            patches = {k: v for k, v in patches.items() if k not in SCHEDULER_HOOKS}
-            compiled = compile_fx(gm, example_inputs, config_patches=patches)
-        hits = _cache_hits(counters) - before
+            compiled = compat.compile_fx(gm, example_inputs, None, plain)
+        else:
+            self._note_cache_hits(before)
+
+        def recompile() -> Callable[..., Any]:
+            restore(gm.graph, record)
+            gm.recompile()
+            return compat.compile_fx(gm, example_inputs, None, plain)
+
+        return safety_net.OutputGuard(compiled, recompile, eager, self.report.notes.append, not safety_net.mutates_inputs(gm))
+
+    def _note_cache_hits(self, before: dict[str, int]) -> None:
+        after = compat.cache_hit_counts()
+        hits = {k: after[k] - before[k] for k in after if after[k] - before[k] > 0}
         if hits:
             self.report.notes.append(
-                f"{sum(hits.values())} graph(s) loaded from the compile cache ({dict(hits)}); "
+                f"{sum(hits.values())} graph(s) loaded from the compile cache ({hits}); "
                 "Optimus passes ran when they were first compiled and are not re-reported"
             )
-        return compiled
 
 
 class LevelPass(UuidKeyed, CustomGraphPass):  # type: ignore[misc]
     """An Inductor custom graph pass running one level's rules.
 
-    Pickled as its uuid (``core.passkey``): torch 2.11 pickles ``pre_grad_custom_pass``
-    into the FX graph cache key instead of asking its uuid.
+    ``levels`` are the levels active in this compile attempt (the safety net retries a
+    graph with fewer); the uuid names them. Pickled as its uuid (``core.passkey``):
+    torch 2.11 pickles ``pre_grad_custom_pass`` into the FX graph cache key instead of
+    asking its uuid.
     """
 
-    def __init__(self, session: Session, level: str) -> None:
+    def __init__(self, session: Session, level: str, levels: tuple[str, ...] | None = None) -> None:
         self.session = session
         self.level = level
+        self.levels = tuple(levels) if levels is not None else session.levels()
 
     def __call__(self, graph: fx.Graph) -> None:
-        if self.session.config.enabled(self.level):
+        if self.level in self.levels and self.session.config.enabled(self.level):
             self.session.run_level(self.level, graph)
 
     def uuid(self) -> str:
-        return f"{self.level}:{self.session.fingerprint()}"
+        return f"{self.level}:{'+'.join(self.levels)}:{self.session.fingerprint()}"
 
 
-def _cache_hits(counters: Any) -> collections.Counter[str]:
-    c: collections.Counter[str] = collections.Counter()
-    c["fx_graph_cache"] = counters["inductor"].get("fxgraph_cache_hit", 0)
-    c["aot_autograd_cache"] = counters["aot_autograd"].get("autograd_cache_hit", 0)
-    return +c
+def _split_options(options: dict[str, Any] | None) -> tuple[Any, dict[str, Any] | None]:
+    """``options`` of ``torch.compile(backend="optimus")``: Optimus's own key out, the
+    Inductor options left."""
+    if not options:
+        return None, options
+    rest = dict(options)
+    return rest.pop(PASSES_OPTION, None), (rest or None)
 
 
-def make_backend(passes: Any = "all") -> Callable[[fx.GraphModule, list[Any]], Callable[..., Any]]:
-    """A Dynamo backend running Inductor with the given Optimus passes."""
+def make_backend(passes: Any = "all", mode: str | None = None, options: dict[str, Any] | None = None, dynamic: bool | None = None) -> Callable[..., Callable[..., Any]]:
+    """A Dynamo backend running Inductor with the given Optimus passes.
+
+    ``mode`` and ``options`` are ``torch.compile``'s (validated now, the way
+    ``torch.compile`` validates them); the backend also accepts them per call, as
+    ``torch.compile(..., backend=this_backend, mode=...)`` passes them."""
     session = Session(resolve(passes))
+    base = compat.mode_options(mode, options, dynamic)
 
-    def optimus_backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-        return session.compile(gm, example_inputs)
+    def optimus_backend(gm: fx.GraphModule, example_inputs: list[Any], mode: str | None = None, options: dict[str, Any] | None = None) -> Callable[..., Any]:
+        _, options = _split_options(options)
+        extra = compat.mode_options(mode, options, dynamic)
+        return session.compile(gm, example_inputs, {**base, **extra})
 
     optimus_backend.session = session  # type: ignore[attr-defined]
     return optimus_backend
@@ -175,20 +262,25 @@ def make_backend(passes: Any = "all") -> Callable[[fx.GraphModule, list[Any]], C
 _LAST: list[Report] = []
 
 
-_DEFAULT_SESSION: list[Session] = []
+_SESSIONS: dict[str, Session] = {}
 
 
-def optimus_backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-    """``torch.compile(model, backend="optimus")``: Inductor with the default passes.
+def optimus_backend(gm: fx.GraphModule, example_inputs: list[Any], mode: str | None = None, options: dict[str, Any] | None = None) -> Callable[..., Any]:
+    """``torch.compile(model, backend="optimus", mode=..., options=...)``.
 
-    Graphs compiled through the registered backend share one session; its report
-    (``optimus.last_report()``) accumulates every graph compiled this way.
+    ``options`` holds Inductor options, plus ``"optimus_passes"`` to choose Optimus's
+    passes (default ``"all"``). Graphs compiled through the registered backend with the
+    same passes share one session; its report (``optimus.last_report()``) accumulates
+    every graph compiled this way.
     """
-    if not _DEFAULT_SESSION:
-        _DEFAULT_SESSION.append(Session(resolve("all")))
-    session = _DEFAULT_SESSION[0]
+    passes, options = _split_options(options)
+    config = resolve(passes if passes is not None else "all")
+    key = config.fingerprint() + config.spec
+    session = _SESSIONS.get(key)
+    if session is None:
+        session = _SESSIONS[key] = Session(config)
     _remember(session.report)
-    return session.compile(gm, example_inputs)
+    return session.compile(gm, example_inputs, compat.mode_options(mode, options, None))
 
 
 def _remember(report: Report) -> None:
@@ -203,12 +295,18 @@ def last_report() -> Report | None:
 def compile(model: Any, passes: Any = "all", **torch_compile_kwargs: Any) -> Any:
     """``torch.compile(model, **kwargs)`` with Optimus's passes; returns the compiled model.
 
-    The returned object carries ``optimus_report`` (filled as graphs compile, on the
-    first calls).
+    Every ``torch.compile`` keyword works: ``mode`` (``"reduce-overhead"`` turns on CUDA
+    graphs, ``"max-autotune"``...), ``options`` (Inductor options), ``dynamic``,
+    ``fullgraph``, ``disable``. The returned object carries ``optimus_report`` (filled as
+    graphs compile, on the first calls).
     """
     if "backend" in torch_compile_kwargs:
         raise TypeError("optimus.compile chooses the backend itself; use torch.compile for another backend")
-    backend = make_backend(passes)
+    mode = torch_compile_kwargs.pop("mode", None)
+    options = torch_compile_kwargs.pop("options", None)
+    if options and PASSES_OPTION in options:
+        raise TypeError(f"optimus.compile takes the passes as passes=, not options[{PASSES_OPTION!r}]")
+    backend = make_backend(passes, mode=mode, options=options, dynamic=torch_compile_kwargs.get("dynamic"))
     report = backend.session.report  # type: ignore[attr-defined]
     _remember(report)
     compiled = torch.compile(model, backend=backend, **torch_compile_kwargs)

@@ -28,6 +28,7 @@ import gc
 import heapq
 import logging
 import time
+import warnings
 from typing import Any, Iterable, Iterator
 
 import torch
@@ -482,8 +483,12 @@ def _check_same_value(view: GraphView, old: fx.Node, new: fx.Node) -> None:
 
 
 # ------------------------------------------------------------------ graph-level API
+_FX_NODE_FIELDS = frozenset(vars(fx.Graph().placeholder("x")))
+
+
 class GraphRecord:
-    """What a graph was, cheaply: each node's op, target, args, kwargs, name and metadata.
+    """What a graph was, cheaply: each node's op, target, args, kwargs, name, metadata
+    and any attribute others set on it (Dynamo's ``_dynamo_source`` on placeholders).
 
     Recording is O(nodes) with no node creation (FX replaces, never mutates, a node's
     args tuple and kwargs dict, so keeping references is enough). Only a rollback or the
@@ -493,13 +498,20 @@ class GraphRecord:
     def __init__(self, graph: fx.Graph) -> None:
         self.owning_module = graph.owning_module
         self.entries = [(n, n.op, n.target, n.args, n.kwargs, n.name, n.type, n.meta) for n in graph.nodes]
+        self.extras = {n: {k: v for k, v in vars(n).items() if k not in _FX_NODE_FIELDS} for n in graph.nodes}
 
-    def rebuild_into(self, graph: fx.Graph) -> None:
-        new: dict[fx.Node, fx.Node] = {}
+    def rebuild_into(self, graph: fx.Graph, keep: dict[fx.Node, fx.Node] | None = None) -> None:
+        """Append the recorded nodes to ``graph``; nodes in ``keep`` (recorded node ->
+        live node already in ``graph``) are reused instead of created."""
+        new: dict[fx.Node, fx.Node] = dict(keep or {})
         for old, op, target, args, kwargs, name, type_, meta in self.entries:
+            if old in new:
+                continue
             remap = lambda a: new[a]  # noqa: E731
             node = graph.create_node(op, target, fx.node.map_arg(args, remap), fx.node.map_arg(kwargs, remap), name, type_)
             node.meta = dict(meta)
+            for k, v in self.extras.get(old, {}).items():
+                setattr(node, k, v)
             new[old] = node
 
     def materialize(self) -> fx.Graph:
@@ -514,10 +526,31 @@ def snapshot(graph: fx.Graph) -> GraphRecord:
 
 
 def restore(graph: fx.Graph, record: GraphRecord) -> None:
-    """Make ``graph`` (the same object, which callers hold) what ``record`` recorded."""
+    """Make ``graph`` (the same object, which callers hold) what ``record`` recorded.
+
+    The leading placeholders stay the same node objects when they are still the graph's
+    (rules never replace inputs): whoever holds them, Dynamo and AOTAutograd included,
+    keeps valid references. Everything else is rebuilt from the record.
+    """
+    lead = []
+    for entry in record.entries:
+        if entry[1] != "placeholder":
+            break
+        lead.append(entry[0])
+    live = [n for n in graph.nodes if n.op == "placeholder"]
+    keep: dict[fx.Node, fx.Node] = {}
+    if live == lead:
+        keep = {n: n for n in lead}
+        for n, (_, _, target, _, _, name, _, meta) in zip(lead, record.entries):
+            n.meta = meta
     for node in reversed(list(graph.nodes)):
+        if node in keep:
+            continue
+        node.users.clear()  # every user is being erased too
         graph.erase_node(node)
-    record.rebuild_into(graph)
+    for n in keep:
+        n.users.clear()
+    record.rebuild_into(graph, keep)
 
 
 def _reorder_span(first: fx.Node, last: fx.Node) -> bool:
@@ -650,11 +683,16 @@ def _run_with_rollback(gm: fx.GraphModule, view: GraphView, rules: list[tuple[Ru
         if not config.driver.numeric_check or driver.rewrites == 0:
             break
         gm.recompile()
-        from .numeric import find_culprit
+        from .numeric import NUMERIC_SKIPPED, find_culprit
 
         differs, culprit, note = find_culprit(gm, backup, view, active, example_inputs, config.driver.max_rewrites)
         if not differs:
             gr.notes.append(note)
+            if note.startswith(NUMERIC_SKIPPED):
+                # asked for, but could not run: the rewrites went through unchecked
+                msg = f"optimus: numeric_check=True could not run on {level} {graph_name} ({note}); its {driver.rewrites} rewrite(s) were NOT verified. Pass example_inputs (optimus.optimize(gm, example_inputs=...)) or shape metadata."
+                warnings.warn(msg, RuntimeWarning, stacklevel=2)
+                log.warning(msg)
             break
         if culprit is None:
             restore(graph, backup)

@@ -16,6 +16,8 @@ import torch.fx as fx
 from .report import GraphReport
 from .view import GraphView
 
+NUMERIC_SKIPPED = "numeric check skipped"  # how a note starts when the check could not run
+
 
 def random_inputs(gm: fx.GraphModule, view: GraphView, seed: int = 0) -> list[torch.Tensor] | None:
     """Random tensors matching the placeholders' metadata (``None`` if unknown)."""
@@ -89,11 +91,11 @@ def find_culprit(
     if inputs is None:
         inputs = random_inputs(ref_gm, view)
     if inputs is None:
-        return False, None, "numeric check skipped: input shapes unknown"
+        return False, None, f"{NUMERIC_SKIPPED}: input shapes unknown"
     try:
         expected = _run(ref_gm, inputs)
     except Exception as e:
-        return False, None, f"numeric check skipped: the original graph does not run on random inputs ({type(e).__name__})"
+        return False, None, f"{NUMERIC_SKIPPED}: the original graph does not run on random inputs ({type(e).__name__})"
     if outputs_match(expected, _run(gm, inputs)):
         return False, None, "numeric check passed"
 

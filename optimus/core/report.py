@@ -50,6 +50,9 @@ class GraphReport:
     time_s: float = 0.0
     rules: dict[str, RuleStats] = dataclasses.field(default_factory=dict)
     notes: list[str] = dataclasses.field(default_factory=list)
+    # Set when the compile this graph's rewrites went into failed and the graph was
+    # compiled again without them (the safety net): the rewrites did not reach the program.
+    discarded: str | None = None
 
     def stats(self, rule_name: str) -> RuleStats:
         if rule_name not in self.rules:
@@ -69,6 +72,7 @@ class GraphReport:
             "time_s": round(self.time_s, 6),
             "rules": {k: v.to_dict() for k, v in self.rules.items()},
             "notes": list(self.notes),
+            "discarded": self.discarded,
         }
 
 
@@ -88,6 +92,8 @@ class Report:
     def rule_totals(self) -> dict[str, RuleStats]:
         out: dict[str, RuleStats] = {}
         for g in self.graphs:
+            if g.discarded:
+                continue  # those rewrites never reached the compiled program
             for name, s in g.rules.items():
                 t = out.setdefault(name, RuleStats())
                 t.matched += s.matched
@@ -116,6 +122,8 @@ class Report:
         lines += ["", head, "-" * len(head)]
         for g in self.graphs:
             lines.append(f"{g.level:<12}{g.graph:<22}{g.nodes_before:>13}{g.nodes_after:>8}{g.matched:>10}{g.time_s * 1e3:>9.1f}")
+            if g.discarded:
+                lines.append(f"{'':<12}DISCARDED: {g.discarded}")
             for note in g.notes:
                 lines.append(f"{'':<12}note: {note}")
         rhead = f"{'rule':<36}{'level':<12}{'graph':<22}{'matched':>8}{'declined':>9}{'errors':>7}{'-nodes':>7}{'+nodes':>7}{'ms':>8}"
