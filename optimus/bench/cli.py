@@ -107,6 +107,8 @@ def run_command(args: argparse.Namespace) -> int:
         raise ValueError("--iters and --repeats must be >= 1 and --warmup >= 0")
     if args.workers < 1 or (args.compile_threads is not None and args.compile_threads < 1):
         raise ValueError("--workers and --compile-threads must be >= 1")
+    if args.workers == 1 and (args.compile_threads is not None or args.timing_cores is not None):
+        raise ValueError("--compile-threads and --timing-cores apply to worker processes: add --workers N (N > 1)")
     if args.plot:
         from .plot import require_matplotlib
 

@@ -15,8 +15,9 @@ one of N worker processes: ``optimus.bench.parallel``):
 5. the timed section (with workers, under an exclusive inter-process lock): kernels
    per step (CUDA: profiler kernel events of one warmed-up step; CPU: loop nests and
    extern calls in the generated code plus the aten ops that run outside it, or the
-   computing aten ops for eager), ``repeats`` medians of the step time over ``iters``
-   steps after ``warmup``, and the peak memory of one step.
+   computing aten ops for eager; CUDA graphs: counted after the timed steps, on a
+   replay), ``repeats`` medians of the step time over ``iters`` steps after
+   ``warmup``, and the peak memory of one step.
 
 A training step is forward, ``loss.backward()`` and ``torch.optim.SGD.step()`` (not
 compiled); an inference step is the forward under ``torch.no_grad()``. A configuration
@@ -345,25 +346,19 @@ def run_config(
                     row["tf32_recompile_s"] = time.perf_counter() - t0
 
                 with timed():
-                    # Kernels per step.
-                    if dev.type == "cuda":
-                        runner.step()
-                        if cfg.cudagraphs:
-                            runner.step()  # cudagraph trees: warm-up run, then record, then replay
-                        row["kernels"] = measure.count_kernels(runner.step, dev)
-                        row["kernel_method"] = "cuda profiler kernel events per step"
-                    elif generated is not None:
-                        row["kernels"] = generated + runner.outside_ops()
-                        row["kernel_method"] = "cpu: generated loop nests + extern calls + aten ops outside the graph"
-                    else:
-                        runner.step()
-                        row["kernels"] = measure.count_kernels(runner.step, dev)
-                        row["kernel_method"] = "cpu: computing aten ops per step"
+                    # Kernels per step. CUDA graphs: counted after the timed steps, so the
+                    # profiled step is surely a replay (kernels run while a graph is being
+                    # captured are not executed, hence not seen by the profiler).
+                    count_late = dev.type == "cuda" and cfg.cudagraphs
+                    if not count_late:
+                        _count_kernels(row, runner, dev, generated)
 
                     # Time and memory.
                     medians = measure.step_ms_medians(runner.step, dev, warmup=opts.warmup, iters=opts.iters,
                                                       repeats=opts.repeats)
                     ms = statistics.median(medians)
+                    if count_late:
+                        _count_kernels(row, runner, dev, generated)
                     row["peak_memory_bytes"], row["memory_method"] = _peak_memory(runner.step, dev)
             row["step_ms"] = ms
             if opts.repeats > 1:
@@ -381,6 +376,23 @@ def run_config(
         torch._dynamo.reset()
         _release(opts.device)
     return row
+
+
+def _count_kernels(row: dict[str, Any], runner: Runner, dev: torch.device, generated: int | None) -> None:
+    """Kernels per step into ``row`` (see the module docstring for the methods)."""
+    from .. import measure
+
+    if dev.type == "cuda":
+        runner.step()
+        row["kernels"] = measure.count_kernels(runner.step, dev)
+        row["kernel_method"] = "cuda profiler kernel events per step"
+    elif generated is not None:
+        row["kernels"] = generated + runner.outside_ops()
+        row["kernel_method"] = "cpu: generated loop nests + extern calls + aten ops outside the graph"
+    else:
+        runner.step()
+        row["kernels"] = measure.count_kernels(runner.step, dev)
+        row["kernel_method"] = "cpu: computing aten ops per step"
 
 
 def _optimus_summary(fn: Any) -> dict[str, Any]:

@@ -182,6 +182,8 @@ def test_bad_input(capsys) -> None:
     assert "unknown mode 'fly'" in err and "train, infer" in err
     assert cli.main(["--model", MODEL, "--configs", "magic", *FAST]) == 2
     assert "optimus-horizontal" in capsys.readouterr().err
+    assert cli.main(["--model", MODEL, "--compile-threads", "2", *FAST]) == 2
+    assert "add --workers N" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
@@ -337,3 +339,37 @@ def test_a_dying_worker_costs_only_its_row() -> None:
     assert "code 3" in by_model["dlrm"]["error"]
     assert by_model["towers32"]["status"] == "ok"  # a replacement worker ran it
     assert results.validate(results.merge(results.empty(), rows)) == []
+
+
+class _BackendFailed(RuntimeError):
+    """Stands in for Dynamo's BackendCompilerFailed, which carries the backend's error."""
+
+    def __init__(self, inner: BaseException) -> None:
+        super().__init__(f"backend raised {inner}")
+        self.inner_exception = inner
+
+
+def test_optimus_mode_detection_reads_the_error(monkeypatch) -> None:
+    import optimus
+
+    def rejects_at_call(model, **kw):
+        raise TypeError("compile() got an unexpected keyword argument 'mode'")
+
+    def rejects_in_backend(model, **kw):
+        def run(*args):
+            raise _BackendFailed(TypeError("optimus_backend() got an unexpected keyword argument 'mode'"))
+
+        return run
+
+    def other_failure(model, **kw):
+        raise RuntimeError("something else entirely")
+
+    monkeypatch.setattr(optimus, "compile", rejects_at_call)
+    assert "optimus.compile rejects mode=" in configs.optimus_mode_unsupported()
+    monkeypatch.setattr(optimus, "compile", rejects_in_backend)
+    assert "optimus_backend() got an unexpected keyword argument 'mode'" in configs.optimus_mode_unsupported()
+    monkeypatch.setattr(optimus, "compile", other_failure)
+    with pytest.raises(RuntimeError, match="something else"):  # not guessed to be the mode problem
+        configs.optimus_mode_unsupported()
+    monkeypatch.setattr(optimus, "compile", lambda model, **kw: model)
+    assert configs.optimus_mode_unsupported() is None
