@@ -192,7 +192,7 @@ def judge(ref: Reference, out: torch.Tensor, grads: Sequence[torch.Tensor | None
     judged = [v for v in verdicts if v.how != "allclose" and not math.isnan(v.ratio)]
     out_v, grad_v = verdicts[0], [v for v in judged if v is not verdicts[0]]
     result["out_ok"] = out_v.ok
-    result["out_rmse_ratio"] = out_v.ratio if out_v in judged else None
+    result["out_rmse_ratio"] = out_v.ratio if any(v is out_v for v in judged) else None
     if grads is not None:
         worst_g = max(grad_v, key=lambda v: v.ratio, default=None)
         result["grads_ok"] = all(v.ok for v in verdicts[1:])
