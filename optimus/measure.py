@@ -32,6 +32,7 @@ __all__ = [
     "generated_kernel_count",
     "median_step_ms",
     "peak_memory",
+    "step_ms_medians",
     "synchronize",
 ]
 
@@ -169,26 +170,40 @@ def _is_cuda_kernel(event: Any) -> bool:
 
 def median_step_ms(step_fn: Callable[[], Any], device: str | torch.device = "cpu", warmup: int = 5, iters: int = 30) -> float:
     """Median wall time of one step in milliseconds (CUDA events on GPU)."""
+    return step_ms_medians(step_fn, device, warmup=warmup, iters=iters, repeats=1)[0]
+
+
+def step_ms_medians(
+    step_fn: Callable[[], Any], device: str | torch.device = "cpu", warmup: int = 5, iters: int = 30, repeats: int = 1
+) -> list[float]:
+    """``repeats`` medians, each over ``iters`` steps, taken back to back after one ``warmup``.
+
+    The spread of the medians states how noisy the figure is; ``repeats=1`` is
+    ``median_step_ms``.
+    """
     dev = torch.device(device)
     for _ in range(warmup):
         step_fn()
     synchronize(dev)
-    times: list[float] = []
-    if dev.type == "cuda":
-        for _ in range(iters):
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            step_fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-    else:
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            step_fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    medians: list[float] = []
+    for _ in range(max(repeats, 1)):
+        times: list[float] = []
+        if dev.type == "cuda":
+            for _ in range(iters):
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                step_fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+        else:
+            for _ in range(iters):
+                t0 = time.perf_counter()
+                step_fn()
+                times.append((time.perf_counter() - t0) * 1e3)
+        medians.append(statistics.median(times))
+    return medians
 
 
 def peak_memory(step_fn: Callable[[], Any], device: str | torch.device = "cpu") -> int:
