@@ -89,9 +89,10 @@ C_RBASE = tl.constexpr(10)  # global row base (sort keys)
 C_SPARSE = tl.constexpr(11)  # 1: sparse gradient wanted
 C_SPROW = tl.constexpr(12)  # first row of the table in the sparse buffers
 C_SPLEN = tl.constexpr(13)  # number of entries (rows) of the table in the sparse buffers
+C_SPVAL = tl.constexpr(14)  # first element of the table in the sparse values buffer
 NCOL_C = tl.constexpr(NCOL)
 COL = dict(N=0, D=1, WOFF=2, COL=3, MODE=4, PAD=5, CLS=6, BAGL=7, IBASE=8, GOFF=9, RBASE=10,
-           SPARSE=11, SPROW=12, SPLEN=13)
+           SPARSE=11, SPROW=12, SPLEN=13, SPVAL=14)
 
 MODE_SUM = tl.constexpr(0)
 MODE_MEAN = tl.constexpr(1)
@@ -113,9 +114,10 @@ def _max_c(a, b):
     return tl.maximum(a, b)
 
 
-@triton.jit
-def _add_c(a, b):
-    return a + b
+# Reductions use Triton's own sum / max combiners, which the interpreter maps to numpy.sum /
+# numpy.max (a combiner of our own runs element by element in Python there).
+_SUM = tl.standard._sum_combine
+_MAX = getattr(tl.standard, "_elementwise_max", _max_c)
 
 
 @triton.jit
@@ -177,7 +179,7 @@ def _fwd_tile(w_ptr, idx_ptr, off_ptr, psw_ptr, out_ptr, row, t, local, B, SUMD,
     bags = bblk * BB + tl.arange(0, BB)
     bmask = bags < B
     s, e = _bag_bounds(off_ptr, row, t, bags, bmask, B, NIDX, HAS_OFFSETS)
-    maxlen = tl.reduce(e - s, 0, _max_c)
+    maxlen = tl.reduce(e - s, 0, _MAX)
     cols = d0 + tl.arange(0, BD)
     cmask = cols < D
     acc = tl.full((BB, BD), 0.0, tl.float32)
@@ -263,7 +265,7 @@ def _walk_tile(w_ptr, idx_ptr, off_ptr, psw_ptr, dout_ptr, ws_ptr, key_ptr, bag_
     bags = bblk * BB + tl.arange(0, BB)
     bmask = bags < B
     s, e = _bag_bounds(off_ptr, row, t, bags, bmask, B, NIDX, HAS_OFFSETS)
-    maxlen = tl.reduce(e - s, 0, _max_c)
+    maxlen = tl.reduce(e - s, 0, _MAX)
     # a_j without the per-sample weight: 1 / #ok for mean bags, else 1
     inv = tl.full((BB,), 1.0, tl.float32)
     if mode == MODE_MEAN:
@@ -298,6 +300,7 @@ def _walk_tile(w_ptr, idx_ptr, off_ptr, psw_ptr, dout_ptr, ws_ptr, key_ptr, bag_
         first = _table_first(off_ptr, row, t, B, NIDX, HAS_OFFSETS)
         sprow = tl.load(row + C_SPROW)
         splen = tl.load(row + C_SPLEN)
+        spval = tl.load(row + C_SPVAL)
         n_db = (D + BD - 1) // BD
         for db in range(0, n_db):
             cols = db * BD + tl.arange(0, BD)
@@ -323,17 +326,16 @@ def _walk_tile(w_ptr, idx_ptr, off_ptr, psw_ptr, dout_ptr, ws_ptr, key_ptr, bag_
                 if HAS_SPARSE:
                     r = j - first
                     spm = m & (r >= 0) & (r < splen)  # splen is 0 unless the table is sparse
-                    sp_at = sprow + r
-                    tl.store(spv_ptr + sp_at[:, None] * D + cols[None, :],
+                    tl.store(spv_ptr + spval + r[:, None] * D + cols[None, :],
                              contrib.to(spv_ptr.dtype.element_ty), mask=spm[:, None] & cmask[None, :])
                     if db == 0:
                         safe = tl.where(okg, idx, tl.where(pad >= 0, pad, 0))
-                        tl.store(spr_ptr + sp_at, safe, mask=spm)
+                        tl.store(spr_ptr + sprow + r, safe, mask=spm)
                 if NEED_PSWG:
                     okf = inr & (idx != tl.where(mode == MODE_EMB, -1, pad))
                     wv = tl.load(w_ptr + w_off + idx[:, None] * D + cols[None, :],
                                  mask=okf[:, None] & cmask[None, :], other=0.0).to(tl.float32)
-                    part = tl.reduce(g * wv, 1, _add_c)
+                    part = tl.reduce(g * wv, 1, _SUM)
                     part = tl.where(mode == MODE_SUM, tl.where(okf, part, 0.0), 0.0)
                     if db > 0:
                         part += tl.load(pswg_ptr + j, mask=m, other=0.0).to(tl.float32)
@@ -386,7 +388,7 @@ def _emb_walk_kernel(w_ptr, idx_ptr, off_ptr, psw_ptr, dout_ptr, ws_ptr, key_ptr
 # ---------------------------------------------------------------------------------------------
 @triton.jit(do_not_specialize=["L", "B", "SENT"])
 def _emb_seg_kernel(skey_ptr, perm_ptr, bag_ptr, scale_ptr, dout_ptr, grad_ptr, meta_ptr,
-                    L, B, T, SUMD, SENT, C: tl.constexpr, BD: tl.constexpr):
+                    L, B, T, SUMD, SENT, C: tl.constexpr, BD: tl.constexpr, SEG_DOT: tl.constexpr):
     pid = tl.program_id(0)
     p0 = pid.to(tl.int64) * C
     p = p0 + tl.arange(0, C)
@@ -396,7 +398,8 @@ def _emb_seg_kernel(skey_ptr, perm_ptr, bag_ptr, scale_ptr, dout_ptr, grad_ptr, 
     kn = tl.load(skey_ptr + p + 1, mask=(p + 1) < L, other=-1).to(tl.int64)
     start = (k != kp).to(tl.int32)
     is_end = k != kn
-    owned = tl.associative_scan(start, 0, _max_c) > 0  # a segment of this chunk has started
+    segid = tl.associative_scan(start, 0, _SUM)  # segments started so far
+    owned = segid > 0  # rows of segments that start in this chunk
     i = tl.load(perm_ptr + p, mask=pm, other=0)
     valid = pm & (k < SENT)
     bag = tl.load(bag_ptr + i, mask=valid, other=0)
@@ -414,28 +417,37 @@ def _emb_seg_kernel(skey_ptr, perm_ptr, bag_ptr, scale_ptr, dout_ptr, grad_ptr, 
     valid = valid & (r >= 0) & (r < N) & (goff >= 0)
     last = p == (tl.minimum(p0 + C, L) - 1)
     tail_here = last & valid & owned & (~is_end)
-    has_tail = tl.reduce(tail_here.to(tl.int32), 0, _max_c) > 0
-    maxd = tl.reduce(tl.where(valid, D, 0), 0, _max_c)
+    has_tail = tl.reduce(tail_here.to(tl.int32), 0, _MAX) > 0
+    maxd = tl.reduce(tl.where(valid, D, 0), 0, _MAX)
     store_row = valid & is_end & owned
-    start2 = tl.broadcast_to(start[:, None], (C, BD))
+    if SEG_DOT:
+        same_seg = (segid[:, None] == segid[None, :]).to(tl.float32)
+    else:
+        start2 = tl.broadcast_to(start[:, None], (C, BD))
     for d0 in range(0, maxd, BD):
         cols = d0 + tl.arange(0, BD)
         m2 = valid[:, None] & (cols[None, :] < D[:, None])
         v = tl.load(dout_ptr + b[:, None].to(tl.int64) * SUMD + col[:, None] + cols[None, :], mask=m2,
                     other=0.0).to(tl.float32) * sc[:, None]
-        ssum, _ = tl.associative_scan((v, start2), 0, _seg_c)
+        if SEG_DOT:
+            # each row gets its segment's total inside the chunk (0/1 matrix, exact fp32 products);
+            # equal to the segmented scan at the segment ends, the only rows used below.  Used by
+            # the interpreter, whose custom-combiner scans run element by element in Python.
+            ssum = tl.dot(same_seg, v, input_precision="ieee")
+        else:
+            ssum, _ = tl.associative_scan((v, start2), 0, _seg_c)
         tl.store(grad_ptr + goff[:, None] + r[:, None] * D[:, None] + cols[None, :],
                  ssum.to(grad_ptr.dtype.element_ty), mask=store_row[:, None] & m2)
         if has_tail:
             # the segment in the last row continues past the chunk: finish it here (it is ours)
-            tk = tl.reduce(tl.where(tail_here, k, 0), 0, _add_c)
-            tt = tl.reduce(tl.where(tail_here, t, 0), 0, _add_c)
-            t_d = tl.reduce(tl.where(tail_here, D, 0), 0, _add_c)
-            t_col = tl.reduce(tl.where(tail_here, col, 0), 0, _add_c)
-            t_goff = tl.reduce(tl.where(tail_here, goff, 0), 0, _add_c)
-            t_r = tl.reduce(tl.where(tail_here, r, 0), 0, _add_c)
+            tk = tl.reduce(tl.where(tail_here, k, 0), 0, _SUM)
+            tt = tl.reduce(tl.where(tail_here, t, 0), 0, _SUM)
+            t_d = tl.reduce(tl.where(tail_here, D, 0), 0, _SUM)
+            t_col = tl.reduce(tl.where(tail_here, col, 0), 0, _SUM)
+            t_goff = tl.reduce(tl.where(tail_here, goff, 0), 0, _SUM)
+            t_r = tl.reduce(tl.where(tail_here, r, 0), 0, _SUM)
             tcm = cols < t_d
-            acc = tl.reduce(tl.where(tail_here[:, None], ssum, 0.0), 0, _add_c)
+            acc = tl.reduce(tl.where(tail_here[:, None], ssum, 0.0), 0, _SUM)
             q = p0 + C
             go = q < L
             while go:
@@ -449,8 +461,8 @@ def _emb_seg_kernel(skey_ptr, perm_ptr, bag_ptr, scale_ptr, dout_ptr, grad_ptr, 
                 mm = mm & (bl >= 0) & (bl < B)
                 vv = tl.load(dout_ptr + bl[:, None].to(tl.int64) * SUMD + t_col + cols[None, :],
                              mask=mm[:, None] & tcm[None, :], other=0.0).to(tl.float32) * ss[:, None]
-                acc += tl.reduce(vv, 0, _add_c)
-                n_match = tl.reduce(((pp < L) & (kk == tk)).to(tl.int32), 0, _add_c)
+                acc += tl.reduce(vv, 0, _SUM)
+                n_match = tl.reduce(((pp < L) & (kk == tk)).to(tl.int32), 0, _SUM)
                 q += C
                 go = (n_match == C) & (q < L)
             tl.store(grad_ptr + t_goff + t_r * t_d + cols, acc.to(grad_ptr.dtype.element_ty), mask=tcm)
@@ -469,9 +481,11 @@ _CFG = {
     "fwd_warps": 4,
     "walk_warps": 4,
     "seg_warps": 4,
+    "seg_dot": 0,
 }
 if _INTERPRET:
-    _CFG.update(fwd_elems={2: 64, 4: 64}, seg_elems={2: 32, 4: 32}, fwd_warps=1, walk_warps=1, seg_warps=1)
+    _CFG.update(fwd_elems={2: 64, 4: 64}, seg_elems={2: 256, 4: 256}, fwd_warps=1, walk_warps=1, seg_warps=1,
+                seg_dot=1)
 for _k, _env in (("fwd_elems", "OPTIMUS_EMB_TILE_ELEMS"), ("seg_elems", "OPTIMUS_EMB_SEG_ELEMS")):
     if os.environ.get(_env):
         _v = int(os.environ[_env])
@@ -694,16 +708,17 @@ def forward(weights, indices, offsets, psw, sig: EBSignature) -> torch.Tensor:
 
 
 def sparse_layout(sig, B, sparse_need, index_counts):
-    """Rows of each sparse table in the packed sparse buffers: (first row per table, #rows per
-    table, total rows).  ``index_counts``: host-known number of index entries per table (fixed
-    mode: B * bag size)."""
-    first, lens, tot = [0] * sig.T, [0] * sig.T, 0
+    """Where each sparse table's rows go in the packed sparse buffers: (first row, #rows, first
+    value element) per table, total rows, total value elements.  ``index_counts``: host-known
+    number of index entries per table (fixed mode: B * bag size)."""
+    first, lens, vbase, tot, vtot = [0] * sig.T, [0] * sig.T, [0] * sig.T, 0, 0
     for t in range(sig.T):
         if sparse_need[t]:
             n = B * sig.bag_sizes[t] if sig.fixed else int(index_counts[t])
-            first[t], lens[t] = tot, n
+            first[t], lens[t], vbase[t] = tot, n, vtot
             tot += n
-    return first, lens, tot
+            vtot += n * sig.ds[t]
+    return first, lens, vbase, tot, vtot
 
 
 def backward(grad_out, weights, indices, offsets, psw, sig: EBSignature, need_w, sparse, deterministic: bool,
@@ -719,9 +734,8 @@ def backward(grad_out, weights, indices, offsets, psw, sig: EBSignature, need_w,
     B = sig.batch_size(nidx, offsets.numel() if offsets is not None else 0)
     sp_need = [bool(n and s) for n, s in zip(need_w, sparse)]
     goff, tot_dense, _ = sig.grad_plan(need_w, sparse)
-    sp_first, sp_lens, sp_tot = sparse_layout(sig, B, sp_need, index_counts)
+    sp_first, sp_lens, sp_vbase, sp_tot, sp_vals_n = sparse_layout(sig, B, sp_need, index_counts)
     has_sparse = sp_tot > 0
-    sp_vals_n = sum(sp_lens[t] * sig.ds[t] for t in range(sig.T))
     fill = torch.zeros if offsets is not None else torch.empty  # uncovered entries stay defined
     spv = fill(sp_vals_n, dtype=dt, device=dev)
     spr = fill(sp_tot, dtype=torch.int64, device=dev)
@@ -740,6 +754,7 @@ def backward(grad_out, weights, indices, offsets, psw, sig: EBSignature, need_w,
         tab[:, COL["SPARSE"]] = [1 if s else 0 for s in sp_need]
         tab[:, COL["SPROW"]] = sp_first
         tab[:, COL["SPLEN"]] = sp_lens
+        tab[:, COL["SPVAL"]] = sp_vbase
 
     extra_key = ("bwd", tuple(goff), tuple(sp_first), tuple(sp_lens))
     tab, orr = _meta(sig, weights, dev, fill_bwd, extra_key)
@@ -777,7 +792,7 @@ def backward(grad_out, weights, indices, offsets, psw, sig: EBSignature, need_w,
         n_chunks = (nidx + c - 1) // c
         _emb_seg_kernel[(n_chunks,)](
             skeys, perm, bag_ids, scales, grad_out, ws, tab, nidx, B, sig.T, sig.sumd, sig.sent,
-            C=c, BD=bd, num_warps=_CFG["seg_warps"])
+            C=c, BD=bd, SEG_DOT=bool(_CFG["seg_dot"]), num_warps=_CFG["seg_warps"])
     if atomic and not acc_in_place:
         ws = ws.to(dt)
     return ws, spv, spr, pswg
