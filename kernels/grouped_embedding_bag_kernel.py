@@ -61,6 +61,7 @@ Memory plan
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import numpy as np
@@ -102,6 +103,8 @@ MODES = {"sum": 0, "mean": 1, "embedding": 2}
 NCLS = 5            # width classes 16, 32, 64, 128, 256
 MAX_BLOCK_D = 256
 TILE_SHIFT = 20     # tile entry = table | (local tile << TILE_SHIFT)
+TILE_SHIFT_C = tl.constexpr(TILE_SHIFT)
+TILE_MASK_C = tl.constexpr((1 << TILE_SHIFT) - 1)
 
 _INTERPRET = interpret_mode()
 
@@ -158,6 +161,19 @@ def _table_first(off_ptr, row, t, B, NIDX, HAS_OFFSETS: tl.constexpr):
 # forward
 # ---------------------------------------------------------------------------------------------
 @triton.jit
+def _fwd_row(w_ptr, w_off, psw_ptr, idx, j, e, N, D, pad_f, mode, cols, cmask, HAS_PSW: tl.constexpr):
+    """One index entry per bag: its weight row (times its per-sample weight) and whether it counts."""
+    ok = (j < e) & (idx >= 0) & (idx < N) & (idx != pad_f)
+    v = tl.load(w_ptr + w_off + idx[:, None] * D + cols[None, :], mask=ok[:, None] & cmask[None, :],
+                other=0.0).to(tl.float32)
+    if HAS_PSW:
+        p = tl.load(psw_ptr + j, mask=ok, other=0.0).to(tl.float32)
+        p = tl.where(mode == MODE_SUM, p, 1.0)
+        v = v * p[:, None]
+    return v, ok.to(tl.float32)
+
+
+@triton.jit
 def _fwd_tile(w_ptr, idx_ptr, off_ptr, psw_ptr, out_ptr, row, t, local, B, SUMD, NIDX,
               HAS_OFFSETS: tl.constexpr, HAS_PSW: tl.constexpr, ALIGN: tl.constexpr,
               BB: tl.constexpr, BD: tl.constexpr):
@@ -185,19 +201,20 @@ def _fwd_tile(w_ptr, idx_ptr, off_ptr, psw_ptr, out_ptr, row, t, local, B, SUMD,
     acc = tl.full((BB, BD), 0.0, tl.float32)
     cnt = tl.full((BB,), 0.0, tl.float32)
     pad_f = tl.where(mode == MODE_EMB, -1, pad)  # embedding mode: the padding row counts in the forward
-    for l in range(0, maxlen):
+    # two entries per bag per step, and the next step's indices loaded before this step's rows:
+    # 2 * BLOCK_B row gathers in flight, the index latency hidden behind them
+    nxt_a = tl.load(idx_ptr + s, mask=s < e, other=-1)
+    nxt_b = tl.load(idx_ptr + s + 1, mask=(s + 1) < e, other=-1)
+    for l in range(0, maxlen, 2):
         j = s + l
-        m = j < e
-        idx = tl.load(idx_ptr + j, mask=m, other=-1).to(tl.int64)
-        ok = m & (idx >= 0) & (idx < N) & (idx != pad_f)
-        v = tl.load(w_ptr + w_off + idx[:, None] * D + cols[None, :], mask=ok[:, None] & cmask[None, :],
-                    other=0.0).to(tl.float32)
-        if HAS_PSW:
-            p = tl.load(psw_ptr + j, mask=ok, other=0.0).to(tl.float32)
-            p = tl.where(mode == MODE_SUM, p, 1.0)
-            v = v * p[:, None]
-        acc += v
-        cnt += ok.to(tl.float32)
+        xa = nxt_a.to(tl.int64)
+        xb = nxt_b.to(tl.int64)
+        nxt_a = tl.load(idx_ptr + j + 2, mask=(j + 2) < e, other=-1)
+        nxt_b = tl.load(idx_ptr + j + 3, mask=(j + 3) < e, other=-1)
+        va, oka = _fwd_row(w_ptr, w_off, psw_ptr, xa, j, e, N, D, pad_f, mode, cols, cmask, HAS_PSW)
+        vb, okb = _fwd_row(w_ptr, w_off, psw_ptr, xb, j + 1, e, N, D, pad_f, mode, cols, cmask, HAS_PSW)
+        acc += va + vb
+        cnt += oka + okb
     inv = tl.where(mode == MODE_MEAN, 1.0 / tl.maximum(cnt, 1.0), 1.0)
     acc = acc * inv[:, None]
     out_idx = bags[:, None].to(tl.int64) * sumd + col + cols[None, :]
@@ -211,8 +228,8 @@ def _emb_fwd_kernel(w_ptr, idx_ptr, off_ptr, psw_ptr, out_ptr, meta_ptr, tiles_p
                     BB3: tl.constexpr, BB4: tl.constexpr):
     pid = tl.program_id(0)
     ent = tl.load(tiles_ptr + pid)
-    t = (ent & ((1 << TILE_SHIFT) - 1)).to(tl.int32)
-    local = (ent >> TILE_SHIFT).to(tl.int32)
+    t = (ent & TILE_MASK_C).to(tl.int32)
+    local = (ent >> TILE_SHIFT_C).to(tl.int32)
     row = meta_ptr + t * NCOL_C
     cls = tl.load(row + C_CLS)
     if CLASSES & 1:
@@ -352,8 +369,8 @@ def _emb_walk_kernel(w_ptr, idx_ptr, off_ptr, psw_ptr, dout_ptr, ws_ptr, key_ptr
                      BB3: tl.constexpr, BB4: tl.constexpr):
     pid = tl.program_id(0)
     ent = tl.load(tiles_ptr + pid)
-    t = (ent & ((1 << TILE_SHIFT) - 1)).to(tl.int32)
-    bblk = (ent >> TILE_SHIFT).to(tl.int32)
+    t = (ent & TILE_MASK_C).to(tl.int32)
+    bblk = (ent >> TILE_SHIFT_C).to(tl.int32)
     row = meta_ptr + t * NCOL_C
     cls = tl.load(row + C_CLS)
     if CLASSES & 1:
@@ -472,21 +489,24 @@ def _emb_seg_kernel(skey_ptr, perm_ptr, bag_ptr, scale_ptr, dout_ptr, grad_ptr, 
 # host side: signatures, device tables, launch configuration
 # ---------------------------------------------------------------------------------------------
 _ESIZE = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
+_SIG_IDS = itertools.count(1)
 
 # tile elements (E) and warps; the interpreter uses tiny tiles to exercise masking, several bag
 # blocks per table and segments crossing chunk boundaries
 _CFG = {
-    "fwd_elems": {2: 4096, 4: 2048},
-    "seg_elems": {2: 2048, 4: 2048},
+    "fwd_elems": {2: 2048, 4: 1024},
+    "walk_elems": {2: 1024, 4: 1024},
+    "seg_elems": {2: 1024, 4: 1024},
     "fwd_warps": 4,
     "walk_warps": 4,
     "seg_warps": 4,
     "seg_dot": 0,
 }
 if _INTERPRET:
-    _CFG.update(fwd_elems={2: 64, 4: 64}, seg_elems={2: 256, 4: 256}, fwd_warps=1, walk_warps=1, seg_warps=1,
+    _CFG.update(fwd_elems={2: 64, 4: 64}, walk_elems={2: 64, 4: 64}, seg_elems={2: 256, 4: 256}, fwd_warps=1, walk_warps=1, seg_warps=1,
                 seg_dot=1)
-for _k, _env in (("fwd_elems", "OPTIMUS_EMB_TILE_ELEMS"), ("seg_elems", "OPTIMUS_EMB_SEG_ELEMS")):
+for _k, _env in (("fwd_elems", "OPTIMUS_EMB_TILE_ELEMS"), ("walk_elems", "OPTIMUS_EMB_WALK_ELEMS"),
+                 ("seg_elems", "OPTIMUS_EMB_SEG_ELEMS")):
     if os.environ.get(_env):
         _v = int(os.environ[_env])
         _CFG[_k] = {2: _v, 4: _v}
@@ -519,6 +539,7 @@ class EBSignature:
     table shapes, modes, padding indices, fixed bag sizes, dtype."""
 
     def __init__(self, ns, ds, modes, pads, bag_sizes, dtype: torch.dtype):
+        self.id = next(_SIG_IDS)  # cache key of the device tables (never reused, unlike id())
         self.T = T = len(ns)
         self.ns = [int(n) for n in ns]
         self.ds = [int(d) for d in ds]
@@ -537,9 +558,13 @@ class EBSignature:
         self.cls = [width_class(d) for d in self.ds]
         self.bd = [16 << c for c in self.cls]
         self.ndb = [(d + bd - 1) // bd for d, bd in zip(self.ds, self.bd)]
-        e = _CFG["fwd_elems"][self.es if self.es in (2, 4) else 4]
+        e = _CFG["fwd_elems"][self.es]
         self.bb_cls = [max(1, e // (16 << c)) for c in range(NCLS)]
         self.bb = [self.bb_cls[c] for c in self.cls]
+        e = _CFG["walk_elems"][self.es]
+        self.bbw_cls = [max(1, e // (16 << c)) for c in range(NCLS)]
+        self.bbw = [self.bbw_cls[c] for c in self.cls]
+        self.seg_elems = _CFG["seg_elems"][self.es]
         self.classes = 0
         for t in range(T):
             if self.ds[t] > 0:
@@ -586,14 +611,16 @@ class EBSignature:
         key = (B, device)
         ent = self._tiles.get(key)
         if ent is None:
-            nbb = [(B + bb - 1) // bb if d > 0 else 0 for bb, d in zip(self.bb, self.ds)]
             fwd, walk = [], []
             for t in range(self.T):
-                nf = nbb[t] * self.ndb[t]
+                if self.ds[t] == 0:
+                    continue
+                nf = -(-B // self.bb[t]) * self.ndb[t]
+                nw = -(-B // self.bbw[t])
                 if nf:
                     fwd.append(t | (np.arange(nf, dtype=np.int64) << TILE_SHIFT))
-                if nbb[t]:
-                    walk.append(t | (np.arange(nbb[t], dtype=np.int64) << TILE_SHIFT))
+                if nw:
+                    walk.append(t | (np.arange(nw, dtype=np.int64) << TILE_SHIFT))
             fwd_a = np.concatenate(fwd) if fwd else np.zeros(1, dtype=np.int64)
             walk_a = np.concatenate(walk) if walk else np.zeros(1, dtype=np.int64)
             cap = _dt.capturing(device)
@@ -661,7 +688,7 @@ def _meta(sig, weights, device, extra=None, extra_key=()):
     ``extra``: callable(numpy table) that fills backward-only columns."""
     ptrs, offs, orr = _weight_offsets(weights, sig.es)
     cap = _dt.capturing(device)
-    key = (id(sig), _dt.stream_key(device), tuple(ptrs), extra_key)
+    key = (sig.id, _dt.stream_key(device), tuple(ptrs), extra_key)
     ent = None if cap else _TABLES.get(key)
     if ent is None:
         tab = sig.template.copy()
@@ -681,8 +708,8 @@ def _align(sig, ptr_or: int) -> int:
     return a if ptr_or % 16 == 0 else 1
 
 
-def _bb_kwargs(sig):
-    return {f"BB{c}": sig.bb_cls[c] for c in range(NCLS)}
+def _bb_kwargs(bb_cls):
+    return {f"BB{c}": bb_cls[c] for c in range(NCLS)}
 
 
 def forward(weights, indices, offsets, psw, sig: EBSignature) -> torch.Tensor:
@@ -703,7 +730,7 @@ def forward(weights, indices, offsets, psw, sig: EBSignature) -> torch.Tensor:
         w0, indices, offsets if offsets is not None else indices, psw if psw is not None else w0, out,
         tab, tiles, B, sig.sumd, indices.numel(),
         HAS_OFFSETS=offsets is not None, HAS_PSW=psw is not None, ALIGN=align, CLASSES=sig.classes,
-        num_warps=_CFG["fwd_warps"], **_bb_kwargs(sig))
+        num_warps=_CFG["fwd_warps"], **_bb_kwargs(sig.bb_cls))
     return out
 
 
@@ -783,12 +810,12 @@ def backward(grad_out, weights, indices, offsets, psw, sig: EBSignature, need_w,
         ATOMIC=atomic, KEYS=need_keys, HAS_OFFSETS=offsets is not None, HAS_PSW=psw is not None,
         NEED_PSWG=need_psw,
         HAS_SPARSE=has_sparse, ALIGN=align, CLASSES=sig.classes, num_warps=_CFG["walk_warps"],
-        **_bb_kwargs(sig))
+        **_bb_kwargs(sig.bbw_cls))
     if need_keys:
         skeys, perm = torch.sort(keys, stable=True)
         dense_d = max([sig.ds[t] for t in range(sig.T) if goff[t] >= 0], default=1)
         bd = min(MAX_BLOCK_D, max(16, next_pow2(dense_d)))
-        c = max(2, _CFG["seg_elems"][sig.es if sig.es in (2, 4) else 4] // bd)
+        c = max(2, sig.seg_elems // bd)
         n_chunks = (nidx + c - 1) // c
         _emb_seg_kernel[(n_chunks,)](
             skeys, perm, bag_ids, scales, grad_out, ws, tab, nidx, B, sig.T, sig.sumd, sig.sent,
