@@ -403,7 +403,7 @@ def _emb_walk_kernel(w_ptr, idx_ptr, off_ptr, psw_ptr, dout_ptr, ws_ptr, key_ptr
 # ---------------------------------------------------------------------------------------------
 # backward pass 2 (deterministic): segmented reduction over the sorted keys
 # ---------------------------------------------------------------------------------------------
-@triton.jit(do_not_specialize=["L", "B", "SENT"])
+@triton.jit(do_not_specialize=["L", "B", "T", "SENT"])
 def _emb_seg_kernel(skey_ptr, perm_ptr, bag_ptr, scale_ptr, dout_ptr, grad_ptr, meta_ptr,
                     L, B, T, SUMD, SENT, C: tl.constexpr, BD: tl.constexpr, SEG_DOT: tl.constexpr):
     pid = tl.program_id(0)
@@ -608,7 +608,8 @@ class EBSignature:
 
     def tiles(self, B: int, device: torch.device):
         """(fwd tile map, #fwd tiles, walk tile map, #walk tiles) for batch size B, cached."""
-        key = (B, device)
+        cap = _dt.capturing(device)
+        key = (B, device, _dt.stream_key(device))
         ent = self._tiles.get(key)
         if ent is None:
             fwd, walk = [], []
@@ -623,13 +624,14 @@ class EBSignature:
                     walk.append(t | (np.arange(nw, dtype=np.int64) << TILE_SHIFT))
             fwd_a = np.concatenate(fwd) if fwd else np.zeros(1, dtype=np.int64)
             walk_a = np.concatenate(walk) if walk else np.zeros(1, dtype=np.int64)
-            cap = _dt.capturing(device)
             ent = (_dt.upload(fwd_a, device, cap), sum(len(a) for a in fwd),
                    _dt.upload(walk_a, device, cap), sum(len(a) for a in walk))
             if not cap:
                 if len(self._tiles) > 64:
                     self._tiles.clear()
                 self._tiles[key] = ent
+        if cap:
+            _CAPTURE_KEEPALIVE.append(ent)
         return ent
 
     def grad_plan(self, need, sparse):
@@ -662,6 +664,10 @@ def signature(ns, ds, modes, pads, bag_sizes, dtype) -> EBSignature:
 
 
 _TABLES = _dt.TableCache()
+# Device tables used while a CUDA graph is being captured: the graph reads them at every replay,
+# so they must outlive any cache eviction (cached entries of the capturing stream are reused;
+# missing ones are staged through the capture arena of ``_devtables``).
+_CAPTURE_KEEPALIVE: list = []
 
 
 def clear_caches() -> None:
@@ -689,7 +695,7 @@ def _meta(sig, weights, device, extra=None, extra_key=()):
     ptrs, offs, orr = _weight_offsets(weights, sig.es)
     cap = _dt.capturing(device)
     key = (sig.id, _dt.stream_key(device), tuple(ptrs), extra_key)
-    ent = None if cap else _TABLES.get(key)
+    ent = _TABLES.get(key)
     if ent is None:
         tab = sig.template.copy()
         tab[:, COL["WOFF"]] = offs
@@ -698,6 +704,8 @@ def _meta(sig, weights, device, extra=None, extra_key=()):
         ent = (_dt.upload(tab, device, cap), orr)
         if not cap:
             _TABLES.put(key, ent)
+    if cap:
+        _CAPTURE_KEEPALIVE.append(ent)
     return ent
 
 
@@ -763,10 +771,10 @@ def backward(grad_out, weights, indices, offsets, psw, sig: EBSignature, need_w,
     goff, tot_dense, _ = sig.grad_plan(need_w, sparse)
     sp_first, sp_lens, sp_vbase, sp_tot, sp_vals_n = sparse_layout(sig, B, sp_need, index_counts)
     has_sparse = sp_tot > 0
-    fill = torch.zeros if offsets is not None else torch.empty  # uncovered entries stay defined
-    spv = fill(sp_vals_n, dtype=dt, device=dev)
-    spr = fill(sp_tot, dtype=torch.int64, device=dev)
-    pswg = fill(nidx if need_psw else 0, dtype=psw.dtype if psw is not None else dt, device=dev)
+    # zero-filled: entries no bag covers (malformed offsets, tables of width 0) stay defined
+    spv = torch.zeros(sp_vals_n, dtype=dt, device=dev)
+    spr = torch.zeros(sp_tot, dtype=torch.int64, device=dev)
+    pswg = torch.zeros(nidx if need_psw else 0, dtype=psw.dtype if psw is not None else dt, device=dev)
     atomic = not deterministic
     acc_in_place = dt == torch.float32
     if atomic and not acc_in_place:
@@ -793,10 +801,8 @@ def backward(grad_out, weights, indices, offsets, psw, sig: EBSignature, need_w,
         return ws, spv, spr, pswg
     need_keys = deterministic and dense_any
     if need_keys:
-        if offsets is not None:  # entries outside every bag (malformed offsets) keep the sentinel
-            keys = torch.full((nidx,), sig.sent, dtype=sig.key_dtype, device=dev)
-        else:
-            keys = torch.empty(nidx, dtype=sig.key_dtype, device=dev)
+        # entries the walk does not reach (malformed offsets, tables of width 0) keep the sentinel
+        keys = torch.full((nidx,), sig.sent, dtype=sig.key_dtype, device=dev)
         bag_ids = torch.empty(nidx, dtype=torch.int32, device=dev)
         scales = torch.empty(nidx, dtype=torch.float32, device=dev)
     else:

@@ -64,8 +64,8 @@ def make_case(ns, ds, B, modes, pads=None, bag=None, max_bag=4, dtype=torch.floa
 
 
 def _bag_ids(o, n, B):
-    full = torch.cat([o.long(), torch.tensor([n])])
-    return torch.repeat_interleave(torch.arange(B), full[1:] - full[:-1])
+    full = torch.cat([o.long(), torch.tensor([n], device=o.device)])
+    return torch.repeat_interleave(torch.arange(B, device=o.device), full[1:] - full[:-1])
 
 
 def oracle(case: Case, weights=None, psws=None):
@@ -82,7 +82,7 @@ def oracle(case: Case, weights=None, psws=None):
             if o is None:
                 outs.append(rows.sum(1))
             else:
-                outs.append(torch.zeros(case.B, w.shape[1], dtype=w.dtype).index_add(
+                outs.append(torch.zeros(case.B, w.shape[1], dtype=w.dtype, device=w.device).index_add(
                     0, _bag_ids(o, x.numel(), case.B), rows))
         else:
             outs.append(F.embedding_bag(x, w, o, mode=m, per_sample_weights=p, padding_idx=pad))
@@ -93,19 +93,21 @@ def packed(case: Case):
     """The case in the packed (KeyedJaggedTensor) form: (indices, offsets T*B+1, psw)."""
     flat = [x.reshape(-1) for x in case.indices]
     idx = torch.cat(flat)
+    dev = idx.device
     parts, base = [], 0
     for x, o in zip(flat, case.offsets):
         if o is None:
             L = x.numel() // case.B if case.B else 0
-            parts.append(torch.arange(case.B) * L + base)
+            parts.append(torch.arange(case.B, device=dev) * L + base)
         else:
             parts.append(o.long() + base)
         base += x.numel()
-    parts.append(torch.tensor([base]))
+    parts.append(torch.tensor([base], device=dev))
     off = torch.cat(parts).to(case.indices[0].dtype)
     psw = None
     if any(p is not None for p in case.psw):
-        psw = torch.cat([p.reshape(-1) if p is not None else torch.ones(x.numel(), dtype=case.weights[0].dtype)
+        psw = torch.cat([p.reshape(-1) if p is not None else torch.ones(x.numel(), dtype=case.weights[0].dtype,
+                                                                         device=dev)
                          for p, x in zip(case.psw, flat)]).detach().requires_grad_(case.weights[0].requires_grad)
     return idx, off, psw
 
@@ -128,7 +130,7 @@ def check_case(case: Case, tol: float, form: str = "list", sparse=False, determi
     assert out.dtype == case.weights[0].dtype
     errs = {"out": rel_err(out, ref)}
     if grads:
-        gy = torch.randn(out.shape, generator=torch.Generator().manual_seed(99)).to(out.dtype)
+        gy = torch.randn(out.shape, generator=torch.Generator().manual_seed(99)).to(out.dtype).to(out.device)
         leaves = list(case.weights) + psw_leaves
         got = torch.autograd.grad(out, leaves, gy, allow_unused=True)
         p64 = [p for p in ps64 if p is not None]
@@ -158,8 +160,18 @@ def check_case(case: Case, tol: float, form: str = "list", sparse=False, determi
                         r_full.append(want[T + j].reshape(-1))
                         j += 1
                     else:
-                        r_full.append(torch.zeros(case.indices[t].numel(), dtype=torch.float64))
+                        r_full.append(torch.zeros(case.indices[t].numel(), dtype=torch.float64, device=got[T].device))
                 errs["dpsw"] = rel_err(got[T], torch.cat(r_full))
     for k, v in errs.items():
         assert v <= tol, f"{k}: relative error {v:.3e} > {tol:.1e} ({errs})"
     return errs
+
+
+def to_device(case: Case, device) -> Case:
+    """The same case on another device (leaf tensors again)."""
+    def leaf(t):
+        return None if t is None else t.detach().to(device).requires_grad_(t.requires_grad)
+
+    return Case([leaf(w) for w in case.weights], [x.to(device) for x in case.indices],
+                [o.to(device) if o is not None else None for o in case.offsets], [leaf(p) for p in case.psw],
+                case.modes, case.pads, case.B, case.dims)

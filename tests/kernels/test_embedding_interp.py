@@ -215,3 +215,10 @@ def test_eager_plan_cached_and_still_validated():
         K.grouped_embedding_bag(case.weights, bad, off, psw, mode="sum")
     with pytest.raises(ValueError, match="T \\* B \\+ 1"):
         K.grouped_embedding_bag(case.weights, idx, off[:-1], psw, mode="sum")
+
+
+def test_zero_width_table_and_fixed_bags():
+    """A table of width 0 (no tiles at all) between others, fixed bag sizes, dense and sparse."""
+    case = make_case([6, 4, 9], [16, 0, 24], B=3, modes=["sum", "sum", "mean"], bag=[2, 2, 1], dtype=F32, seed=14)
+    check_case(case, TOL[F32], form="packed")
+    check_case(case, TOL[F32], form="packed", sparse=[False, True, True])
