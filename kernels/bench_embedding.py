@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python -m kernels.bench_embedding --out $OUT --budget-s 165
     PYTHONPATH=. python -m kernels.bench_embedding --dry-run --out DIR   # CPU, Triton interpreter, tiny shapes
+    PYTHONPATH=. python -m kernels.bench_embedding --aot                 # compile for sm_90 without a GPU
 
 Order (the budget stops new measurements; the table of what was measured is printed anyway):
 
@@ -444,6 +445,47 @@ def run_workers(n, log, timeout_s):
 
 
 # ------------------------------------------------------------------------------------------------
+# --aot: compile every kernel variant for sm_90 on a machine without a GPU (registers, spills)
+# ------------------------------------------------------------------------------------------------
+def aot(dtypes=("bf16", "fp32")) -> int:
+    from .aot_check import compile_kernel
+    from . import grouped_embedding_bag_kernel as M
+
+    cfg = M.get_config()
+    ok = True
+    for dt in dtypes:
+        es = 2 if dt in ("bf16", "fp16") else 4
+        align = 16 // es
+        bb = {f"BB{c}": max(1, cfg["fwd_elems"][es] // (16 << c)) for c in range(M.NCLS)}
+        bbw = {f"BB{c}": max(1, cfg["walk_elems"][es] // (16 << c)) for c in range(M.NCLS)}
+        common = dict(w_ptr="*" + dt, idx_ptr="*i64", off_ptr="*i64", psw_ptr="*" + dt, meta_ptr="*i64",
+                      tiles_ptr="*i64", B="i32", SUMD="i32", NIDX="i32")
+        walk_t = dict(common, dout_ptr="*" + dt, ws_ptr="*fp32", key_ptr="*i32", bag_ptr="*i32", scale_ptr="*fp32",
+                      spv_ptr="*" + dt, spr_ptr="*i64", pswg_ptr="*" + dt, SENT="i32")
+        jobs = []
+        for psw in (False, True):
+            jobs.append((f"fwd psw={int(psw)}", M._emb_fwd_kernel, dict(common, out_ptr="*" + dt),
+                         dict(HAS_OFFSETS=True, HAS_PSW=psw, ALIGN=align, CLASSES=31, **bb), cfg["fwd_warps"]))
+        for atomic, extra in ((False, False), (True, False), (False, True), (True, True)):
+            jobs.append((f"walk {'atomic' if atomic else 'keys'}{' +psw/sparse' if extra else ''}", M._emb_walk_kernel,
+                         walk_t, dict(ATOMIC=atomic, KEYS=not atomic, HAS_OFFSETS=True, HAS_PSW=extra,
+                                      NEED_PSWG=extra, HAS_SPARSE=extra, ALIGN=align, CLASSES=31, **bbw),
+                         cfg["walk_warps"]))
+        bd = cfg["seg_block_d"]
+        jobs.append((f"seg C{max(2, cfg['seg_elems'][es] // bd)}xBD{bd}", M._emb_seg_kernel,
+                     dict(skey_ptr="*i32", perm_ptr="*i64", bag_ptr="*i32", scale_ptr="*fp32", dout_ptr="*" + dt,
+                          grad_ptr="*" + dt, meta_ptr="*i64", L="i32", B="i32", T="i32", SUMD="i32", SENT="i32"),
+                     dict(ALIGN=align, C=max(2, cfg["seg_elems"][es] // bd), BD=bd), cfg["seg_warps"]))
+        for name, fn, types, consts, warps in jobs:
+            try:
+                print(f"OK   {dt} {name:26s} w{warps} {compile_kernel(fn, types, consts, warps, 3)}", flush=True)
+            except Exception as ex:
+                ok = False
+                print(f"FAIL {dt} {name:26s} {type(ex).__name__}: {str(ex)[:400]}", flush=True)
+    return 0 if ok else 1
+
+
+# ------------------------------------------------------------------------------------------------
 # report
 # ------------------------------------------------------------------------------------------------
 def fmt(x, nd=3):
@@ -506,7 +548,10 @@ def main(argv=None) -> int:
     ap.add_argument("--no-graphs", action="store_true")
     ap.add_argument("--no-sweep", action="store_true", help="skip the forward tile-size sweep")
     ap.add_argument("--dry-run", action="store_true", help="CPU + Triton interpreter, tiny shapes")
+    ap.add_argument("--aot", action="store_true", help="only compile the kernels for sm_90 (no GPU needed)")
     args = ap.parse_args(argv)
+    if args.aot:
+        return aot()
     global DRY, DEV, CLOCK
     if args.dry_run:
         DRY, DEV = True, "cpu"

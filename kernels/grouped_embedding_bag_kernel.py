@@ -40,13 +40,13 @@ Memory plan
 * Backward, deterministic (default): a walk kernel over (table, bag block) tiles writes per index
   entry a sort key ``rbase_t + idx`` (global row; a sentinel for padding / out-of-range / sparse
   entries), its global bag id and its scale ``a_j``; ``torch.sort(stable=True)`` groups equal rows
-  (stable: the order inside a segment is the entry order); a segment kernel takes fixed chunks of
-  ``C`` sorted positions, gathers the ``C`` rows ``a_j g_j`` at once, reduces the segments with a
-  segmented scan in fp32, and writes each row's sum once (no atomics).  A segment belongs to the
-  chunk where it starts; one that runs past the chunk end is finished by that program, which
-  continues over the following chunks (a row hit by many entries costs its owner a sequential
-  loop: a known load-balance limit for extremely hot rows).
-  Launches: memset of the dense gradients, walk, sort (torch), segment.
+  (stable: inside a segment the order is the entry order, so the sums are bitwise reproducible); a
+  segment kernel takes C consecutive sorted positions per program, makes every segment that starts
+  there a row of its [C, BLOCK_D] tile, and sums the segment's rows ``a_j g_j`` in order in fp32,
+  stepping past the chunk end when the segment does, then writes each gradient row once (no
+  atomics).  Its step count is the longest segment of the chunk: a row hit by a large share of all
+  entries costs its program a long sequential loop (a known load-balance limit for extremely hot
+  rows).  Launches: memset of the dense gradients, key fill, walk, sort (torch), segment.
 * Backward, atomic (``deterministic=False``): the walk kernel adds ``a_j g_j`` into an fp32
   accumulator with ``tl.atomic_add`` (the dout tile is loaded once per tile); fp32 weights
   accumulate into the gradient itself, 16-bit weights into an fp32 workspace that is cast once.
@@ -121,12 +121,6 @@ def _max_c(a, b):
 # numpy.max (a combiner of our own runs element by element in Python there).
 _SUM = tl.standard._sum_combine
 _MAX = getattr(tl.standard, "_elementwise_max", _max_c)
-
-
-@triton.jit
-def _seg_c(a, fa, b, fb):
-    """Segmented-sum combiner: (value, starts-a-segment flag); b's segment restarts the sum."""
-    return tl.where(fb != 0, b, a + b), fa | fb
 
 
 @triton.jit
@@ -278,6 +272,7 @@ def _walk_tile(w_ptr, idx_ptr, off_ptr, psw_ptr, dout_ptr, ws_ptr, key_ptr, bag_
         w_off = tl.multiple_of(w_off, ALIGN)
         col = tl.multiple_of(col, ALIGN)
         sumd = tl.multiple_of(sumd, ALIGN)
+        goff = tl.multiple_of(goff, ALIGN)
     dense = goff >= 0
     bags = bblk * BB + tl.arange(0, BB)
     bmask = bags < B
@@ -405,84 +400,58 @@ def _emb_walk_kernel(w_ptr, idx_ptr, off_ptr, psw_ptr, dout_ptr, ws_ptr, key_ptr
 # ---------------------------------------------------------------------------------------------
 @triton.jit(do_not_specialize=["L", "B", "T", "SENT"])
 def _emb_seg_kernel(skey_ptr, perm_ptr, bag_ptr, scale_ptr, dout_ptr, grad_ptr, meta_ptr,
-                    L, B, T, SUMD, SENT, C: tl.constexpr, BD: tl.constexpr, SEG_DOT: tl.constexpr):
+                    L, B, T, SUMD, SENT, ALIGN: tl.constexpr, C: tl.constexpr, BD: tl.constexpr):
+    """Rows of the tile = the segments that START among C consecutive sorted positions; each sums
+    its entries in order (stepping on past the chunk end when the segment does) and writes its
+    gradient row once."""
     pid = tl.program_id(0)
-    p0 = pid.to(tl.int64) * C
-    p = p0 + tl.arange(0, C)
+    p = pid.to(tl.int64) * C + tl.arange(0, C)
     pm = p < L
     k = tl.load(skey_ptr + p, mask=pm, other=SENT).to(tl.int64)
     kp = tl.load(skey_ptr + p - 1, mask=pm & (p > 0), other=-1).to(tl.int64)
-    kn = tl.load(skey_ptr + p + 1, mask=(p + 1) < L, other=-1).to(tl.int64)
-    start = (k != kp).to(tl.int32)
-    is_end = k != kn
-    segid = tl.associative_scan(start, 0, _SUM)  # segments started so far
-    owned = segid > 0  # rows of segments that start in this chunk
-    i = tl.load(perm_ptr + p, mask=pm, other=0)
-    valid = pm & (k < SENT)
-    bag = tl.load(bag_ptr + i, mask=valid, other=0)
-    sc = tl.load(scale_ptr + i, mask=valid, other=0.0).to(tl.float32)
-    t = bag // B
-    b = bag - t * B
-    valid = valid & (t >= 0) & (t < T)
+    seg = pm & (k != kp) & (k < SENT)
+    i0 = tl.load(perm_ptr + p, mask=seg, other=0)
+    bag0 = tl.load(bag_ptr + i0, mask=seg, other=0)
+    t = bag0 // B
+    seg = seg & (t >= 0) & (t < T)
     row = meta_ptr + t * NCOL_C
-    N = tl.load(row + C_N, mask=valid, other=0)
-    D = tl.load(row + C_D, mask=valid, other=0)
-    col = tl.load(row + C_COL, mask=valid, other=0)
-    goff = tl.load(row + C_GOFF, mask=valid, other=-1)
-    rbase = tl.load(row + C_RBASE, mask=valid, other=0)
+    N = tl.load(row + C_N, mask=seg, other=0)
+    D = tl.load(row + C_D, mask=seg, other=0)
+    col = tl.load(row + C_COL, mask=seg, other=0)
+    goff = tl.load(row + C_GOFF, mask=seg, other=-1)
+    rbase = tl.load(row + C_RBASE, mask=seg, other=0)
     r = k - rbase
-    valid = valid & (r >= 0) & (r < N) & (goff >= 0)
-    last = p == (tl.minimum(p0 + C, L) - 1)
-    tail_here = last & valid & owned & (~is_end)
-    has_tail = tl.reduce(tail_here.to(tl.int32), 0, _MAX) > 0
-    maxd = tl.reduce(tl.where(valid, D, 0), 0, _MAX)
-    store_row = valid & is_end & owned
-    if SEG_DOT:
-        same_seg = (segid[:, None] == segid[None, :]).to(tl.float32)
-    else:
-        start2 = tl.broadcast_to(start[:, None], (C, BD))
+    seg = seg & (r >= 0) & (r < N) & (goff >= 0)
+    maxd = tl.reduce(tl.where(seg, D, 0), 0, _MAX)
+    sumd = SUMD
+    if ALIGN > 1:  # every dim, column and gradient offset is a multiple of ALIGN: vector loads / stores
+        D = tl.multiple_of(D, [ALIGN])
+        col = tl.multiple_of(col, [ALIGN])
+        goff = tl.multiple_of(goff, [ALIGN])
+        sumd = tl.multiple_of(sumd, ALIGN)
+    tb = t.to(tl.int64) * B
     for d0 in range(0, maxd, BD):
         cols = d0 + tl.arange(0, BD)
-        m2 = valid[:, None] & (cols[None, :] < D[:, None])
-        v = tl.load(dout_ptr + b[:, None].to(tl.int64) * SUMD + col[:, None] + cols[None, :], mask=m2,
-                    other=0.0).to(tl.float32) * sc[:, None]
-        if SEG_DOT:
-            # each row gets its segment's total inside the chunk (0/1 matrix, exact fp32 products);
-            # equal to the segmented scan at the segment ends, the only rows used below.  Used by
-            # the interpreter, whose custom-combiner scans run element by element in Python.
-            ssum = tl.dot(same_seg, v, input_precision="ieee")
-        else:
-            ssum, _ = tl.associative_scan((v, start2), 0, _seg_c)
+        cm = cols[None, :] < D[:, None]
+        acc = tl.full((C, BD), 0.0, tl.float32)
+        act = seg
+        q = p
+        go = tl.reduce(act.to(tl.int32), 0, _MAX) > 0
+        while go:
+            ii = tl.load(perm_ptr + q, mask=act, other=0)
+            bg = tl.load(bag_ptr + ii, mask=act, other=0)
+            sc = tl.load(scale_ptr + ii, mask=act, other=0.0).to(tl.float32)
+            b = bg - tb
+            ok = act & (b >= 0) & (b < B)
+            v = tl.load(dout_ptr + b[:, None] * sumd + col[:, None] + cols[None, :], mask=ok[:, None] & cm,
+                        other=0.0).to(tl.float32)
+            acc += v * sc[:, None]
+            q += 1
+            kk = tl.load(skey_ptr + q, mask=act & (q < L), other=-1).to(tl.int64)
+            act = act & (q < L) & (kk == k)
+            go = tl.reduce(act.to(tl.int32), 0, _MAX) > 0
         tl.store(grad_ptr + goff[:, None] + r[:, None] * D[:, None] + cols[None, :],
-                 ssum.to(grad_ptr.dtype.element_ty), mask=store_row[:, None] & m2)
-        if has_tail:
-            # the segment in the last row continues past the chunk: finish it here (it is ours)
-            tk = tl.reduce(tl.where(tail_here, k, 0), 0, _SUM)
-            tt = tl.reduce(tl.where(tail_here, t, 0), 0, _SUM)
-            t_d = tl.reduce(tl.where(tail_here, D, 0), 0, _SUM)
-            t_col = tl.reduce(tl.where(tail_here, col, 0), 0, _SUM)
-            t_goff = tl.reduce(tl.where(tail_here, goff, 0), 0, _SUM)
-            t_r = tl.reduce(tl.where(tail_here, r, 0), 0, _SUM)
-            tcm = cols < t_d
-            acc = tl.reduce(tl.where(tail_here[:, None], ssum, 0.0), 0, _SUM)
-            q = p0 + C
-            go = q < L
-            while go:
-                pp = q + tl.arange(0, C)
-                kk = tl.load(skey_ptr + pp, mask=pp < L, other=-1).to(tl.int64)
-                mm = (pp < L) & (kk == tk)
-                ii = tl.load(perm_ptr + pp, mask=mm, other=0)
-                bg = tl.load(bag_ptr + ii, mask=mm, other=0)
-                ss = tl.load(scale_ptr + ii, mask=mm, other=0.0).to(tl.float32)
-                bl = bg - tt * B
-                mm = mm & (bl >= 0) & (bl < B)
-                vv = tl.load(dout_ptr + bl[:, None].to(tl.int64) * SUMD + t_col + cols[None, :],
-                             mask=mm[:, None] & tcm[None, :], other=0.0).to(tl.float32) * ss[:, None]
-                acc += tl.reduce(vv, 0, _SUM)
-                n_match = tl.reduce(((pp < L) & (kk == tk)).to(tl.int32), 0, _SUM)
-                q += C
-                go = (n_match == C) & (q < L)
-            tl.store(grad_ptr + t_goff + t_r * t_d + cols, acc.to(grad_ptr.dtype.element_ty), mask=tcm)
+                 acc.to(grad_ptr.dtype.element_ty), mask=seg[:, None] & cm)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -495,16 +464,16 @@ _SIG_IDS = itertools.count(1)
 # blocks per table and segments crossing chunk boundaries
 _CFG = {
     "fwd_elems": {2: 2048, 4: 1024},
-    "walk_elems": {2: 1024, 4: 1024},
-    "seg_elems": {2: 1024, 4: 1024},
+    "walk_elems": {2: 2048, 4: 1024},
+    "seg_elems": {2: 2048, 4: 1024},
     "fwd_warps": 4,
-    "walk_warps": 4,
+    "walk_warps": 8,
     "seg_warps": 4,
-    "seg_dot": 0,
+    "seg_block_d": 64,
 }
 if _INTERPRET:
-    _CFG.update(fwd_elems={2: 64, 4: 64}, walk_elems={2: 64, 4: 64}, seg_elems={2: 256, 4: 256}, fwd_warps=1, walk_warps=1, seg_warps=1,
-                seg_dot=1)
+    _CFG.update(fwd_elems={2: 64, 4: 64}, walk_elems={2: 64, 4: 64}, seg_elems={2: 64, 4: 64}, fwd_warps=1,
+                walk_warps=1, seg_warps=1, seg_block_d=32)
 for _k, _env in (("fwd_elems", "OPTIMUS_EMB_TILE_ELEMS"), ("walk_elems", "OPTIMUS_EMB_WALK_ELEMS"),
                  ("seg_elems", "OPTIMUS_EMB_SEG_ELEMS")):
     if os.environ.get(_env):
@@ -820,12 +789,12 @@ def backward(grad_out, weights, indices, offsets, psw, sig: EBSignature, need_w,
     if need_keys:
         skeys, perm = torch.sort(keys, stable=True)
         dense_d = max([sig.ds[t] for t in range(sig.T) if goff[t] >= 0], default=1)
-        bd = min(MAX_BLOCK_D, max(16, next_pow2(dense_d)))
+        bd = min(_CFG["seg_block_d"], max(16, next_pow2(dense_d)))
         c = max(2, sig.seg_elems // bd)
         n_chunks = (nidx + c - 1) // c
         _emb_seg_kernel[(n_chunks,)](
             skeys, perm, bag_ids, scales, grad_out, ws, tab, nidx, B, sig.T, sig.sumd, sig.sent,
-            C=c, BD=bd, SEG_DOT=bool(_CFG["seg_dot"]), num_warps=_CFG["seg_warps"])
+            ALIGN=align, C=c, BD=bd, num_warps=_CFG["seg_warps"])
     if atomic and not acc_in_place:
         ws = ws.to(dt)
     return ws, spv, spr, pswg
