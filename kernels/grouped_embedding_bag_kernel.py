@@ -33,9 +33,10 @@ Memory plan
   columns (``E`` elements per tile), so narrow and wide tables both fill the tile.  The kernel
   branches on the class at run time (only the classes present are compiled in).
 * Forward tile: per bag the [start, end) range (offsets, or fixed bag size), then a loop over the
-  longest bag of the tile; each step gathers ``BLOCK_B`` weight rows ``[BLOCK_B, BLOCK_D]`` (one
-  index per bag, masked), rows read with ``BLOCK_D``-wide vector loads (16 bytes when every dim,
-  offset and pointer is 16-byte aligned: ``ALIGN``), accumulated in fp32 registers, stored once in
+  longest bag of the tile; each step gathers two entries per bag (2 x ``BLOCK_B`` weight rows of
+  ``BLOCK_D``, masked) and loads the next step's indices before this step's rows, so the index
+  latency hides behind the row gathers; rows are read with 16-byte vector loads when every dim,
+  offset and pointer is 16-byte aligned (``ALIGN``), accumulated in fp32 registers, stored once in
   the weight dtype.  Reads: the gathered rows + indices + offsets; writes: the output once.
 * Backward, deterministic (default): a walk kernel over (table, bag block) tiles writes per index
   entry a sort key ``rbase_t + idx`` (global row; a sentinel for padding / out-of-range / sparse
