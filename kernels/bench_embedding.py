@@ -314,7 +314,7 @@ def cases():
     return c
 
 
-def bench_case(label, T, B, L, zipf, copy_GBps, graphs=True, dtype=torch.bfloat16):
+def bench_case(label, T, B, L, zipf, copy_GBps, state, dtype=torch.bfloat16):
     K, _ = _kernels()
     ws = make_tables(T, dtype, seed=T)
     idx, off, per_idx, per_off, counts = make_batch(ws, B, L, seed=T + 1, zipf=zipf)
@@ -349,19 +349,24 @@ def bench_case(label, T, B, L, zipf, copy_GBps, graphs=True, dtype=torch.bfloat1
     r["step_ours"] = bench(ours_step)
     r["step_loop"] = bench(loop_step)
     r["step_atomic"] = bench(lambda: ours_step(False))
-    if graphs and not DRY:
-        for key, fn in (("graph_ours", ours_step), ("graph_loop", loop_step),
-                        ("graph_fwd_ours", lambda: ours_fwd())):
-            try:
-                if key == "graph_fwd_ours":
-                    with torch.no_grad():
-                        r[key] = bench_graph(fn)
-                else:
+    for key, fn in (("graph_ours", ours_step), ("graph_fwd_ours", ours_fwd), ("graph_loop", loop_step)):
+        if not state.get("graphs") or DRY:
+            break
+        try:
+            if key == "graph_fwd_ours":
+                with torch.no_grad():
                     r[key] = bench_graph(fn)
-            except Budget:
-                raise
-            except Exception as ex:
-                r[key + "_error"] = f"{type(ex).__name__}: {str(ex)[:300]}"
+            else:
+                r[key] = bench_graph(fn)
+        except Budget:
+            raise
+        except Exception as ex:
+            r[key + "_error"] = f"{type(ex).__name__}: {str(ex)[:300]}"
+            try:  # a failed capture can leave the context unusable: check before going on
+                torch.zeros(1, device=DEV).add_(1).item()
+            except Exception as ex2:
+                state["graphs"] = False
+                r["graphs_disabled"] = f"{type(ex2).__name__}: {str(ex2)[:200]}"
     fwd_t = r.get("graph_fwd_ours", r["fwd_ours"])
     step_t = r.get("graph_ours", r["step_ours"])
     r["fwd_GBps"] = fwd_bytes / fwd_t / 1e6
@@ -384,10 +389,12 @@ def copy_bandwidth() -> float:
     return 2 * (1 << 30) / ms / 1e6
 
 
+SWEEP = [(2048, 4), (1024, 4), (4096, 4), (2048, 8)]  # (forward tile elements, warps); the first is the default
+
+
 def tile_sweep(copy_GBps):
     """Forward time of the bandwidth case for a few tile sizes (to pick the defaults)."""
-    _, M = _kernels()
-    K, _ = _kernels()
+    K, M = _kernels()
     out = []
     T, B, L = (26, 8192, 64) if not DRY else (8, 16, 4)
     ws = make_tables(T, torch.bfloat16, seed=T, requires_grad=False)
@@ -395,15 +402,14 @@ def tile_sweep(copy_GBps):
     fwd_bytes, _ = traffic(ws, B, counts, 2)
     old = M.get_config()
     try:
-        for elems in (1024, 2048, 4096):
-            for warps in (4, 8):
-                M.set_config(fwd_elems=elems, fwd_warps=warps)
-                with torch.no_grad():
-                    ms = bench(lambda: K.grouped_embedding_bag(ws, idx, off, mode="sum"))
-                out.append(dict(fwd_elems=elems, fwd_warps=warps, ms=ms, GBps=fwd_bytes / ms / 1e6,
-                                pct_copy=100 * fwd_bytes / ms / 1e6 / copy_GBps if copy_GBps else None))
+        for elems, warps in SWEEP:
+            M.set_config(fwd_elems=elems, fwd_warps=warps)
+            with torch.no_grad():
+                ms = bench(lambda: K.grouped_embedding_bag(ws, idx, off, mode="sum"))
+            out.append(dict(fwd_elems=elems, fwd_warps=warps, ms=ms, GBps=fwd_bytes / ms / 1e6,
+                            pct_copy=100 * fwd_bytes / ms / 1e6 / copy_GBps if copy_GBps else None))
     finally:
-        M.set_config(fwd_elems=old["fwd_elems"][2], fwd_warps=old["fwd_warps"])
+        M.set_config(fwd_elems=old["fwd_elems"], fwd_warps=old["fwd_warps"])
     return out
 
 
@@ -414,13 +420,18 @@ def warm_task(i: int, n: int) -> None:
     jobs = list(range(6))  # the correctness checks cover every variant the timings use, and more
     mine = [j for j in jobs if j % n == i]
     checks(which=set(mine))
+    K, M = _kernels()
+    ws = make_tables(26, torch.bfloat16, seed=26)
+    idx, off, _, _, _ = make_batch(ws, 16, 8, seed=27)
     if i == 0:  # the timing variants (bf16, offsets, sum, deterministic + atomic) at a tiny size
-        K, _ = _kernels()
-        ws = make_tables(26, torch.bfloat16, seed=26)
-        idx, off, _, _, _ = make_batch(ws, 16, 8, seed=27)
         for det in (True, False):
             out = K.grouped_embedding_bag(ws, idx, off, mode="sum", deterministic=det)
             torch.autograd.grad(out, ws, torch.ones_like(out))
+    for j, (elems, warps) in enumerate(SWEEP[1:]):  # the tile-sweep forwards
+        if (j + 1) % n == i:
+            M.set_config(fwd_elems=elems, fwd_warps=warps)
+            with torch.no_grad():
+                K.grouped_embedding_bag(ws, idx, off, mode="sum")
     sync()
 
 
@@ -597,12 +608,13 @@ def main(argv=None) -> int:
             log(f"check {'OK  ' if c.get('ok') else 'FAIL'} {c.get('check')} {c.get('dtype', '')} "
                 f"worst={c.get('worst', float('nan')):.1e} {str(c.get('error', ''))[-600:]}")
         save()
+        state = {"graphs": not args.no_graphs}
         for label, T, B, L, zipf in cases():
             if CLOCK.left() < 6:
                 rep.setdefault("skipped", []).append(label)
                 continue
             try:
-                r = bench_case(label, T, B, L, zipf, rep["copy_GBps"], graphs=not args.no_graphs)
+                r = bench_case(label, T, B, L, zipf, rep["copy_GBps"], state)
             except Budget:
                 raise
             except Exception:
@@ -612,7 +624,7 @@ def main(argv=None) -> int:
             save()
             if not DRY:
                 torch.cuda.empty_cache()
-        if not args.no_sweep and CLOCK.left() > 12:
+        if not args.no_sweep and CLOCK.left() > 25:
             rep["tile_sweep"] = tile_sweep(rep["copy_GBps"])
     except Budget as b:
         log(f"stopped: {b}")

@@ -483,12 +483,16 @@ for _k, _env in (("fwd_elems", "OPTIMUS_EMB_TILE_ELEMS"), ("walk_elems", "OPTIMU
 
 
 def set_config(**kw) -> None:
-    """Override launch parameters (``fwd_elems``, ``seg_elems``: int tile elements; ``*_warps``);
-    clears the tile caches (the tile maps depend on the tile sizes).  For benchmarks."""
+    """Override launch parameters: ``fwd_elems`` / ``walk_elems`` / ``seg_elems`` (tile elements;
+    an int for every dtype or a dict {element size: int}), ``*_warps``, ``seg_block_d``.  Clears the
+    signature cache (tile maps depend on the tile sizes).  For benchmarks and tests."""
     for k, v in kw.items():
         if k not in _CFG:
             raise KeyError(f"unknown config key {k!r}; known: {sorted(_CFG)}")
-        _CFG[k] = {2: int(v), 4: int(v)} if k.endswith("elems") else int(v)
+        if k.endswith("elems"):
+            _CFG[k] = {int(e): int(n) for e, n in v.items()} if isinstance(v, dict) else {2: int(v), 4: int(v)}
+        else:
+            _CFG[k] = int(v)
     _SIGS.clear()
 
 
@@ -737,6 +741,8 @@ def backward(grad_out, weights, indices, offsets, psw, sig: EBSignature, need_w,
     dev, dt = w0.device, w0.dtype
     nidx = indices.numel()
     B = sig.batch_size(nidx, offsets.numel() if offsets is not None else 0)
+    if sig.T * B >= 2 ** 31:
+        raise ValueError(f"grouped_embedding_bag: T * B = {sig.T} * {B} bags must stay below 2**31")
     sp_need = [bool(n and s) for n, s in zip(need_w, sparse)]
     goff, tot_dense, _ = sig.grad_plan(need_w, sparse)
     sp_first, sp_lens, sp_vbase, sp_tot, sp_vals_n = sparse_layout(sig, B, sp_need, index_counts)
