@@ -210,3 +210,39 @@ def test_zero_width_table_and_fixed_bags():
     case = make_case([6, 4, 9], [16, 0, 24], B=3, modes=["sum", "sum", "mean"], bag=[2, 2, 1], dtype=F32, seed=14)
     check_case(case, TOL[F32], form="packed")
     check_case(case, TOL[F32], form="packed", sparse=[False, True, True])
+
+
+class _StubKernel:
+    def __init__(self):
+        self.launches = 0
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.launches += 1
+        return run
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_eager_path_never_synchronises(monkeypatch, deterministic):
+    """Launches stubbed, every tensor->host conversion raises: a packed-form fwd + bwd (dense
+    tables, per-sample weights) runs without one, on the cached path and on the first call."""
+    M = _kmod()
+    stubs = {name: _StubKernel() for name in ("_emb_fwd_kernel", "_emb_walk_kernel", "_emb_seg_kernel")}
+    for name, stub in stubs.items():
+        monkeypatch.setattr(M, name, stub)
+    case = make_case(NS[:3], DS[:3], B=4, modes=["sum"] * 3, dtype=F32, psw=True, seed=15)
+    idx, off, psw = packed(case)
+
+    def boom(*a, **k):
+        raise AssertionError("host synchronisation in the eager path")
+
+    for i in range(2):
+        with monkeypatch.context() as m:
+            for attr in ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__"):
+                m.setattr(torch.Tensor, attr, boom)
+            out = K.grouped_embedding_bag(case.weights, idx, off, psw, mode="sum", check_indices=False,
+                                          deterministic=deterministic)
+            grads = torch.autograd.grad(out, case.weights + [psw], torch.ones_like(out))
+        assert len(grads) == 4 and grads[0].shape == case.weights[0].shape
+    assert stubs["_emb_fwd_kernel"].launches == 2 and stubs["_emb_walk_kernel"].launches == 2
+    assert stubs["_emb_seg_kernel"].launches == (2 if deterministic else 0)
