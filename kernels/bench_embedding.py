@@ -13,7 +13,7 @@ Order (the budget stops new measurements; the table of what was measured is prin
    (bf16 and fp32; sum / mean / embedding modes with padding, per-sample weights and their grad,
    sparse tables, fixed bag sizes; deterministic and atomic backward);
 4. timings, target cases first: T tables of mixed dims (16..256, all width classes), N_t rows in
-   20k..200k, bf16, jagged bags with lengths uniform in [ceil(L/2), L] given as KeyedJaggedTensor-
+   5k..100k, bf16, jagged bags with lengths uniform in [ceil(L/2), L] given as KeyedJaggedTensor-
    style packed indices + T * B + 1 offsets; ``mode="sum"``.  Ours (one launch forward; backward
    deterministic = sorted segments, or atomic) against a loop of ``F.embedding_bag`` over the
    per-table slices followed by ``torch.cat`` (which our [B, sum D] output makes free).
@@ -25,6 +25,7 @@ Timings are ``triton.testing.do_bench`` medians (L2 flushed before every call) i
             with a given upstream gradient), eager: host-issue bound when the work is small
     graph   the step captured once in a CUDA graph and replayed (device time only), ours
             (deterministic) and the loop
+    mset    zeroing all dense gradients once (one memset): the floor of any dense backward
 
 Bandwidth (GB/s, and % of the measured copy bandwidth), from the graph time when there is one:
 
@@ -133,7 +134,7 @@ def rel(a, r) -> float:
 # inputs
 # ------------------------------------------------------------------------------------------------
 DIMS = [16, 32, 64, 128, 256, 48, 96, 192, 128, 64]   # every width class in any 5 consecutive tables
-ROWS = [20_000, 50_000, 100_000, 200_000, 30_000, 80_000]
+ROWS = [10_000, 20_000, 50_000, 100_000, 5_000, 40_000]
 
 
 def _gen(seed):
@@ -349,6 +350,8 @@ def bench_case(label, T, B, L, zipf, copy_GBps, state, dtype=torch.bfloat16):
     r["step_ours"] = bench(ours_step)
     r["step_loop"] = bench(loop_step)
     r["step_atomic"] = bench(lambda: ours_step(False))
+    n_grad = sum(w.numel() for w in ws)  # zeroing the dense gradients: a floor for any dense backward
+    r["memset_ms"] = bench(lambda: torch.zeros(n_grad, dtype=dtype, device=DEV))
     for key, fn in (("graph_ours", ours_step), ("graph_fwd_ours", ours_fwd), ("graph_loop", loop_step)):
         if not state.get("graphs") or DRY:
             break
@@ -524,7 +527,7 @@ def make_table(rep) -> str:
     lines.append("ms, triton.testing.do_bench medians; x = loop / ours; det = sorted-segment backward, atomic = fp32 "
                  "atomics; graph = CUDA-graph replay (device time); GB/s from graph time (see the docstring)")
     hdr = (f"{'case':14s} {'T':>4s} {'B':>5s} {'L':>3s} | {'fwd':>7s} {'loop':>7s} {'x':>5s} | {'step':>7s} "
-           f"{'loop':>7s} {'x':>5s} {'atomic':>7s} {'x':>5s} | {'graph':>7s} {'loop':>7s} {'x':>5s} | "
+           f"{'loop':>7s} {'x':>5s} {'atomic':>7s} {'x':>5s} {'mset':>6s} | {'graph':>7s} {'loop':>7s} {'x':>5s} | "
            f"{'fwdGB/s':>7s} {'%cp':>4s} {'stpGB/s':>7s} {'%cp':>4s} | err")
     lines.append(hdr)
     for r in rep.get("cases", []):
@@ -535,7 +538,8 @@ def make_table(rep) -> str:
             f"{r['case']:14s} {r['T']:4d} {r['B']:5d} {r['L']:3d} | {fmt(r.get('fwd_ours'))} {fmt(r.get('fwd_loop'))} "
             f"{fmt(_x(r.get('fwd_ours'), r.get('fwd_loop')), 2):>5s} | {fmt(r.get('step_ours'))} "
             f"{fmt(r.get('step_loop'))} {fmt(_x(r.get('step_ours'), r.get('step_loop')), 2):>5s} "
-            f"{fmt(r.get('step_atomic'))} {fmt(_x(r.get('step_atomic'), r.get('step_loop')), 2):>5s} | "
+            f"{fmt(r.get('step_atomic'))} {fmt(_x(r.get('step_atomic'), r.get('step_loop')), 2):>5s} "
+            f"{fmt(r.get('memset_ms')):>6s} | "
             f"{fmt(r.get('graph_ours'))} {fmt(r.get('graph_loop'))} "
             f"{fmt(_x(r.get('graph_ours'), r.get('graph_loop')), 2):>5s} | {fmt(r.get('fwd_GBps'), 0):>7s} "
             f"{fmt(r.get('fwd_pct_copy'), 0):>4s} {fmt(r.get('step_GBps'), 0):>7s} {fmt(r.get('step_pct_copy'), 0):>4s} "

@@ -485,7 +485,13 @@ def _host_check(weights, indices, offsets, bag_sizes, per_table_offsets, per_tab
     if offsets is not None:
         ref.check_offsets(offsets, indices.numel(), T)
     B = ref.batch_size(T, indices.numel(), offsets, bag_sizes)
-    ref.check_indices(weights, indices, ref.table_spans(T, B, indices.numel(), offsets, bag_sizes))
+    spans = ref.table_spans(T, B, indices.numel(), offsets, bag_sizes)
+    if offsets is not None and per_table_offsets is None and per_table_counts is not None:
+        for t, (a, b) in enumerate(spans):
+            if int(per_table_counts[t]) != b - a:
+                raise ValueError(f"{FN}: index_counts[{t}] = {per_table_counts[t]} but the offsets give table {t} "
+                                 f"{b - a} indices")
+    ref.check_indices(weights, indices, spans)
 
 
 def grouped_embedding_bag(

@@ -251,6 +251,8 @@ def test_bad_packed_input():
         K.grouped_embedding_bag(ws, idx, bag_size=[1, 1])
     with pytest.raises(ValueError, match="offsets .* or bag_size"):
         K.grouped_embedding_bag(ws, idx)
+    with pytest.raises(ValueError, match="index_counts\\[0\\] = 2 but the offsets give table 0 3"):
+        K.grouped_embedding_bag(ws, idx, torch.tensor([0, 1, 3, 4, 5]), sparse=True, index_counts=[2, 3])
 
 
 def test_op_rejects_bad_lists():
