@@ -225,7 +225,7 @@ def codegen_replacements(node: Any) -> tuple[set[str], set[str]]:
     whose column reduction was split in two stages (``ir.Reduction`` splits long
     reductions: stage 1 writes partial sums ``P``, stage 2 ``F`` sums them) computes
     ``F`` itself after its kernel. Its codegen (``SIMDScheduling._codegen_mix_order_reduction``,
-    torch 2.11 and 2.13) then adds ``P`` to ``V.graph.removed_buffers`` and ``F`` (the
+    torch 2.11, 2.13 and 2.15) then adds ``P`` to ``V.graph.removed_buffers`` and ``F`` (the
     first user of ``P``) to ``scheduler.removed_ops``. ``codegen_node`` skips the
     operations in ``removed_ops``; combo-kernel codegen does not, so a combo member
     holding ``F`` reads the removed ``P``: ``AssertionError: P`` in ``KernelArgs.input``.
