@@ -82,8 +82,12 @@ class Session:
         self._names[f"graph:{kind}"] += 1
         return f"{kind} {idx}"
 
+    def current_graph(self) -> str | None:
+        """The name of the graph Inductor is compiling now, if the per-graph compile named it."""
+        return safety_net.GRAPH_KIND.get()
+
     def graph_name(self, level: str, graph: fx.Graph) -> str:
-        current = safety_net.GRAPH_KIND.get()
+        current = self.current_graph()
         if current is not None and level != "torch_ir":
             return current  # named by the per-graph ladder: the same at every level
         if level == "aten_ir":

@@ -38,6 +38,7 @@ import time
 import weakref
 from typing import Any
 
+from ..core import logs
 from ..core.passkey import UuidKeyed
 from ..core.report import GraphReport, RuleStats
 from ..core.rule import Decline, condition_reason
@@ -94,9 +95,13 @@ def _graph_report(session: Any, scheduler: Any) -> GraphReport:
     st = _state(session)
     gr = st.graphs.get(scheduler)
     if gr is None:
-        kind = compat.graph_kind()
-        gr = session.report.new_graph("inductor_ir", f"{kind} {st.counter[kind]}")
-        st.counter[kind] += 1
+        # named like the graph's other levels when the compile names it (optimus.compile)
+        name = getattr(session, "current_graph", lambda: None)()
+        if name is None:
+            kind = compat.graph_kind()
+            name = f"{kind} {st.counter[kind]}"
+            st.counter[kind] += 1
+        gr = session.report.new_graph("inductor_ir", name)
         st.graphs[scheduler] = gr
     return gr
 
@@ -158,6 +163,7 @@ def run_hook(session: Any, hook: str, nodes: list[Any]) -> list[Any]:
     gr.time_s += time.perf_counter() - t0
     if hook == "post_fusion":
         gr.nodes_after = len(out)
+        logs.graph_finished(gr)
     return out
 
 
