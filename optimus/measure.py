@@ -159,6 +159,29 @@ def count_kernels(step_fn: Callable[[], Any], device: str | torch.device = "cpu"
     return counter.count
 
 
+def kernel_profile(step_fn: Callable[[], Any], device: str | torch.device, top: int = 8) -> dict[str, Any]:
+    """CUDA: the kernels of one call of a warmed-up step with their device time:
+    ``{"count", "device_us", "top": [[name, calls, total_us], ...]}`` (longest first)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    dev = torch.device(device)
+    synchronize(dev)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step_fn()
+        synchronize(dev)
+    by_name: dict[str, list[float]] = {}
+    for e in prof.events():
+        if _is_cuda_kernel(e):
+            us = float(getattr(e, "device_time", None) or getattr(e, "cuda_time", 0.0) or 0.0)
+            by_name.setdefault(e.name or "?", []).append(us)
+    rows = sorted(([name, len(v), round(sum(v), 2)] for name, v in by_name.items()), key=lambda r: -r[2])
+    return {
+        "count": sum(r[1] for r in rows),
+        "device_us": round(sum(r[2] for r in rows), 2),
+        "top": [[name[:120], calls, us] for name, calls, us in rows[:top]],
+    }
+
+
 def _is_cuda_kernel(event: Any) -> bool:
     dev_type = getattr(event, "device_type", None)
     if dev_type is None or "CUDA" not in str(dev_type):

@@ -384,7 +384,10 @@ def _count_kernels(row: dict[str, Any], runner: Runner, dev: torch.device, gener
 
     if dev.type == "cuda":
         runner.step()
-        row["kernels"] = measure.count_kernels(runner.step, dev)
+        prof = measure.kernel_profile(runner.step, dev)
+        row["kernels"] = prof["count"]
+        row["kernel_device_us"] = prof["device_us"]  # summed kernel time: where a step's device time goes
+        row["top_kernels"] = prof["top"]
         row["kernel_method"] = "cuda profiler kernel events per step"
     elif generated is not None:
         row["kernels"] = generated + runner.outside_ops()
