@@ -61,19 +61,20 @@ class DeviceProfile:
         return cls(**{k: data[k] for k in fields})
 
 
-# Documented defaults, used when no probe ran. GPU: an H100/H200-class part, from the
-# measurements recorded in docs/planner.md (copy 4.3 TB/s, bf16 matmul ~790 TFLOP/s at
-# large sizes, ~5 us per launch from Python wrapper code, ~2.5 us kernel floor);
-# CPU: a few-core x86 server, Inductor's C++ loops (a "launch" is a function call).
+# Documented defaults, used when no probe ran. GPU: the probe's own figures on an H200
+# (torch 2.11, 2026-12-01, docs/results/h200-profile-2026-12-01.json), rounded: 10 us per
+# eager launch from Python, 0.9 us kernel floor under CUDA graphs, 3.9 TB/s copy,
+# matmul TFLOP/s small (512x256 @ 256x256) / large (4096^3): fp32 8.7 / 49, TF32 12 / 375,
+# bf16 22 / 678. CPU: a few-core x86 server running Inductor's C++ loops.
 DEFAULTS: dict[str, DeviceProfile] = {
     "cuda": DeviceProfile(
         device="cuda (defaults)",
-        launch_us=5.0,
-        kernel_floor_us=2.5,
-        bandwidth_gbps=4300.0,
-        matmul_tflops={"fp32": {"small": 8.0, "large": 50.0}, "tf32": {"small": 20.0, "large": 350.0}, "half": {"small": 40.0, "large": 700.0}},
+        launch_us=10.0,
+        kernel_floor_us=0.9,
+        bandwidth_gbps=3900.0,
+        matmul_tflops={"fp32": {"small": 8.7, "large": 49.0}, "tf32": {"small": 12.0, "large": 375.0}, "half": {"small": 22.0, "large": 678.0}},
         units=132,
-        source="defaults: no probe ran (H100/H200-class constants, docs/planner.md)",
+        source="defaults: no probe ran (an H200's measured profile, docs/planner.md)",
     ),
     "cpu": DeviceProfile(
         device="cpu (defaults)",
