@@ -22,11 +22,30 @@ __version__ = "0.1.0"
 
 # The Triton kernels live in the top-level ``kernels/`` folder and are installed as
 # ``optimus.kernels``; in a source checkout (no install) make the same import work.
+# A finder for that one name, not the checkout root on ``__path__``: the root holds
+# ``optimus/`` itself, so ``optimus.optimus.optimus...`` would be a package without end
+# and anything walking the package (``TORCH_LOGS="+optimus"``: torch imports every
+# subpackage of a module it does not know) would never finish.
 _here = _os.path.dirname(_os.path.abspath(__file__))
 if not _os.path.isdir(_os.path.join(_here, "kernels")):
-    _root = _os.path.dirname(_here)
-    if _os.path.isfile(_os.path.join(_root, "kernels", "__init__.py")):
-        __path__.append(_root)  # type: ignore[name-defined]  # noqa: F821
+    _kernels = _os.path.join(_os.path.dirname(_here), "kernels")
+    if _os.path.isfile(_os.path.join(_kernels, "__init__.py")):
+        import importlib.machinery as _ilm
+        import importlib.util as _ilu
+        import sys as _sys
+
+        class _SourceKernelsFinder:
+            """Finds ``optimus.kernels`` in the checkout's top-level ``kernels/`` folder."""
+
+            @staticmethod
+            def find_spec(fullname: str, path: object = None, target: object = None) -> _ilm.ModuleSpec | None:
+                if fullname != "optimus.kernels":
+                    return None
+                return _ilu.spec_from_file_location(
+                    fullname, _os.path.join(_kernels, "__init__.py"), submodule_search_locations=[_kernels]
+                )
+
+        _sys.meta_path.insert(0, _SourceKernelsFinder())
 
 # The levels register their graph views with the core, the rule modules register the
 # built-in rules: importing any optimus module runs this file first, so every entry point

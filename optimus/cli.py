@@ -47,15 +47,35 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     cfg = DemoConfig.small() if args.small else DemoConfig()
     model = SplitCatDemo(cfg.features, cfg.width, cfg.rounds)
     x = torch.randn(cfg.batch, cfg.features * cfg.width)
-    report = optimus.explain(model, x, passes=args.passes, print_report=not args.json)
+    if not args.graph:
+        report = optimus.explain(model, x, passes=args.passes, print_report=not args.json)
+        if args.json:
+            print(report.to_json())
+        return 0
+    from .graph_pictures import recording
+
+    with recording(args.graph) as pictures:
+        report = optimus.explain(model, x, passes=args.passes, print_report=False)
+    result = pictures.result
+    assert result is not None
+    if result.message:  # e.g. Graphviz missing: said on stderr, the rest of the output as usual
+        print(f"optimus explain --graph: {result.message}", file=sys.stderr)
     if args.json:
-        print(report.to_json())
+        data = report.to_dict()
+        data["pictures"] = {"directory": result.directory, "files": result.files, "message": result.message}
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        print(report.table())
+        print()
+        print(result.note)
     return 0
 
 
 def _cmd_rules(args: argparse.Namespace) -> int:
     import optimus
 
+    if args.upstream:
+        return _print_upstream_names(args.json)
     rules = optimus.list_rules(args.level)
     if args.markdown:
         print(rules_markdown(rules))
@@ -67,6 +87,22 @@ def _cmd_rules(args: argparse.Namespace) -> int:
     for r in rules:
         summary = (r.doc.splitlines() or [""])[0]
         print(f"{r.name:<36}{r.kind:<14}{','.join(r.levels):<22}{'|'.join(r.anchors):<22}{summary}")
+    return 0
+
+
+def _print_upstream_names(as_json: bool) -> int:
+    from .core.report import format_table
+    from .core.upstream_names import UPSTREAM_PASSES
+
+    if as_json:
+        print(json.dumps([{"name": p.name, "option": p.option, "level": p.level, "rules": list(p.rules),
+                           "implemented": p.implemented, "note": p.instead or p.note} for p in UPSTREAM_PASSES.values()], indent=2))
+        return 0
+    rows = [[p.name, p.level, ", ".join(p.rules) if p.rules else ("(nothing)" if p.implemented else "not implemented")]
+            for p in UPSTREAM_PASSES.values()]
+    print(format_table(["upstream name", "level", "Optimus rule(s)"], rows))
+    print("\nupstream option names: min_fuse_set_size -> min_group, max_fuse_set_size -> max_group, "
+          "threshold_to_cat -> min_run (others accepted and ignored); docs/upstream-names.md has the notes")
     return 0
 
 
@@ -106,12 +142,16 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--passes", type=_passes_arg, default="all")
     explain.add_argument("--small", action="store_true")
     explain.add_argument("--json", action="store_true")
+    explain.add_argument("--graph", metavar="DIR", default=None,
+                         help="write before/after pictures of each graph per level to DIR (SVG with Graphviz, else DOT)")
     explain.set_defaults(func=_cmd_explain)
 
     rules = sub.add_parser("rules", help="list registered rules")
     rules.add_argument("--level", choices=["torch_ir", "aten_ir", "inductor_ir"], default=None)
     rules.add_argument("--json", action="store_true")
     rules.add_argument("--markdown", action="store_true", help="the rule catalogue as markdown (docs/rules.md)")
+    rules.add_argument("--upstream", action="store_true",
+                       help="upstream PyTorch's pass names and the Optimus rules each one selects")
     rules.set_defaults(func=_cmd_rules)
 
     for module in ("optimus.bench.cli", "optimus.tools.fuzz"):

@@ -35,8 +35,6 @@ except ImportError:  # torch 2.11
 GRAPH_HOOKS = ("pre_grad_custom_pass", "post_grad_custom_pre_pass")
 SCHEDULER_HOOKS = ("_pre_fusion_custom_pass", "_post_fusion_custom_pass")
 HOOKS = GRAPH_HOOKS + SCHEDULER_HOOKS
-# Upstream's own Optimus options: never set by Optimus, reported when the user set them.
-FUSION_OPTIONS = ("pre_grad_fusion_options", "post_grad_fusion_options")
 
 
 def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any], inner_compile: Callable[..., Any] | None, config_patches: dict[str, Any]) -> Any:
@@ -93,16 +91,6 @@ def user_hooks(extra: dict[str, Any] | None = None) -> dict[str, Any]:
         if value is not None and value != [] and value != ():
             found[hook] = value
     return found
-
-
-def user_fusion_options() -> dict[str, Any]:
-    """Upstream Optimus options the user turned on in Inductor's config themselves."""
-    out: dict[str, Any] = {}
-    for name in FUSION_OPTIONS:
-        value = getattr(inductor_config, name, None) if inductor_config is not None else None
-        if value:
-            out[name] = dict(value)
-    return out
 
 
 def as_pass_list(value: Any) -> list[Any]:

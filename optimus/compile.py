@@ -34,6 +34,7 @@ from .core.runner import optimize_graph
 from .core.snapshot import restore, snapshot
 from .core.passkey import UuidKeyed
 from .core.registry import PassConfig, resolve
+from .core import upstream_names
 from .core.report import Report
 
 log = logging.getLogger("optimus")
@@ -90,7 +91,8 @@ class Session:
         self.config = config
         self.report = Report(config.spec or "custom")
         self._names: collections.Counter[str] = collections.Counter()
-        self._noted: set[str] = set()
+        for note in config.notes:  # e.g. upstream pass names translated to ours
+            self.report.note_once(note)
 
     def fingerprint(self) -> str:
         return f"optimus-{source_fingerprint()}-{self.config.fingerprint()}"
@@ -103,8 +105,12 @@ class Session:
         self._names[f"graph:{kind}"] += 1
         return f"{kind} {idx}"
 
+    def current_graph(self) -> str | None:
+        """The name of the graph Inductor is compiling now, if the per-graph compile named it."""
+        return safety_net.GRAPH_KIND.get()
+
     def graph_name(self, level: str, graph: fx.Graph) -> str:
-        current = safety_net.GRAPH_KIND.get()
+        current = self.current_graph()
         if current is not None and level != "torch_ir":
             return current  # named by the per-graph ladder: the same at every level
         if level == "aten_ir":
@@ -119,9 +125,7 @@ class Session:
         return f"{kind} {idx}"
 
     def note_once(self, note: str) -> None:
-        if note not in self._noted:
-            self._noted.add(note)
-            self.report.notes.append(note)
+        self.report.note_once(note)
 
     def run_level(self, level: str, graph: fx.Graph) -> None:
         gm = graph.owning_module
@@ -179,8 +183,8 @@ class Session:
         for hook, value in user.items():
             names = ", ".join(safety_net._name(p) for p in compat.as_pass_list(value))
             self.note_once(f"your {hook} ({names}) runs, followed by Optimus's passes in the same hook")
-        for name, value in compat.user_fusion_options().items():
-            self.note_once(f"upstream Optimus passes you set in Inductor's {name} ran too: {', '.join(sorted(value))}")
+        for note in upstream_names.user_fusion_notes():
+            self.note_once(note)
 
     # ------------------------------------------------------------ compile
     def compile(self, gm: fx.GraphModule, example_inputs: list[Any], inductor_options: dict[str, Any] | None = None) -> Callable[..., Any]:
@@ -370,6 +374,7 @@ def optimize(
         _propagate_fake_meta(gm, list(example_inputs))
     view = make_view(level, gm)
     report = Report(config.spec)
+    report.notes.extend(config.notes)
     _remember(report)
     optimize_graph(gm, level, config, report, "graph 0", view=view, example_inputs=list(example_inputs) if example_inputs else None)
     gm.recompile()
@@ -386,17 +391,37 @@ def _propagate_fake_meta(gm: fx.GraphModule, example_inputs: list[Any]) -> None:
     FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
 
 
-def explain(model: Any, *example_inputs: Any, passes: Any = "all", print_report: bool = True, **torch_compile_kwargs: Any) -> Report:
+def explain(
+    model: Any,
+    *example_inputs: Any,
+    passes: Any = "all",
+    print_report: bool = True,
+    graph_dir: str | None = None,
+    **torch_compile_kwargs: Any,
+) -> Report:
     """Compile ``model`` with Optimus (caches off, so every pass runs), run it once on
-    ``example_inputs``, print the report table and return the ``Report``."""
+    ``example_inputs``, print the report table and return the ``Report``.
+
+    ``graph_dir``: also write before/after pictures of every graph each level rewrote
+    there (SVG through Graphviz; DOT sources and a message naming the extra when it is
+    missing); the report's notes say where."""
+    import contextlib
+
     from torch._inductor import config as inductor_config
 
     compiled = compile(model, passes=passes, **torch_compile_kwargs)
     fc = torch._functorch.config
     fc_patch = {"enable_autograd_cache": False} if hasattr(fc, "enable_autograd_cache") else {}
-    with inductor_config.patch(fx_graph_cache=False), fc.patch(fc_patch):
+    pictures: Any = contextlib.nullcontext()
+    if graph_dir is not None:
+        from .graph_pictures import recording
+
+        pictures = recording(graph_dir)
+    with inductor_config.patch(fx_graph_cache=False), fc.patch(fc_patch), pictures as recorder:
         compiled(*example_inputs)
     report: Report = compiled.optimus_report
+    if recorder is not None and recorder.result is not None:
+        report.note_once(recorder.result.note)
     if print_report:
         print(report.table())
     return report

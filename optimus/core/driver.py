@@ -218,6 +218,7 @@ class Driver:
         stats.matched += 1
         stats.added += len(builder.new_nodes) - erased_new
         stats.removed += len(erased) - erased_new
+        stats.log_rewrite(anchor.name, len(erased) - erased_new, len(builder.new_nodes) - erased_new)
         self.rewrites += 1
         self.applied.append(rule.name)
         if self.lint_each:

@@ -17,7 +17,11 @@ through ``@optimus.rule``). ``resolve(passes)`` turns what a user wrote into a
   "inductor_ir": "none"}``; a level's value may also be ``{rule_name: {option: value}}``
   to pass per-rule options; the key ``"options"`` holds driver options
   (``numeric_check``, ``max_rewrites``, ``lint``);
-* a ``PassConfig``.
+* a ``PassConfig``;
+* upstream PyTorch's names: its pass names (``split_cat_pass``, ``batch_layernorm``)
+  wherever a name goes, a dict in the form of ``pre_grad_fusion_options`` (or
+  ``{"pre_grad_fusion_options": ..., "post_grad_fusion_options": ...}``), and its option
+  names (``min_fuse_set_size``); see ``upstream_names``.
 
 An unknown name raises ``ValueError`` naming the closest valid names.
 """
@@ -30,6 +34,7 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any, Iterable
 
+from . import upstream_names
 from .levels import LEVELS
 
 if TYPE_CHECKING:
@@ -118,6 +123,7 @@ class PassConfig:
     options: dict[tuple[str, str], dict[str, Any]]  # (level, rule) -> options
     driver: DriverOptions = DriverOptions()
     spec: str = ""
+    notes: tuple[str, ...] = dataclasses.field(default=(), compare=False)  # for the report (upstream names used)
 
     def rules_for(self, level: str) -> list[Rule]:
         return [REGISTRY.get(n) for n in self.rules.get(level, ()) if n in REGISTRY]
@@ -148,6 +154,7 @@ def resolve(passes: Any = "all") -> PassConfig:
         return passes
     if passes is None:
         passes = "all"
+    passes, notes = upstream_names.translate(passes, REGISTRY)
     selected: dict[str, list[str]] = {lv: [] for lv in LEVELS}
     options: dict[tuple[str, str], dict[str, Any]] = {}
     driver = DriverOptions()
@@ -204,7 +211,7 @@ def resolve(passes: Any = "all") -> PassConfig:
     for level in LEVELS:
         chosen = set(selected[level])
         ordered[level] = tuple(r.name for r in REGISTRY.rules(level) if r.name in chosen)
-    return PassConfig(ordered, options, driver, spec)
+    return PassConfig(ordered, options, driver, spec, tuple(notes))
 
 
 def _select_names(names: list[str], levels: Iterable[str], selected: dict[str, list[str]]) -> None:
@@ -225,6 +232,9 @@ def _select_names(names: list[str], levels: Iterable[str], selected: dict[str, l
                 raise ValueError(f"rule {name!r} does not run at {', '.join(levels)} (it runs at {', '.join(rule.levels)})")
             for level in usable:
                 selected[level].append(name)
+        elif upstream_names.is_upstream_name(name):
+            for level, rule_name in upstream_names.expand(name, levels):
+                selected[level].append(rule_name)
         else:
             raise ValueError(_unknown("pass", name, list(PRESETS) + list(LEVELS) + REGISTRY.names()))
 

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections import Counter
-from typing import Any
+from typing import Any, Sequence
+
+log = logging.getLogger("optimus")
 
 
 @dataclasses.dataclass
@@ -23,12 +26,20 @@ class RuleStats:
     added: int = 0
     time_s: float = 0.0
     _seen_declines: set = dataclasses.field(default_factory=set, repr=False)
+    where: str = dataclasses.field(default="", repr=False, compare=False)  # "level graph: rule", for log lines
 
     def decline(self, node_name: str, reason: str) -> None:
         key = (node_name, reason)
         if key not in self._seen_declines:  # a re-queued node declining again is one decline
             self._seen_declines.add(key)
             self.declined[reason] += 1
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("optimus: %s declined at %s: %s", self.where or "a rule", node_name, reason)
+
+    def log_rewrite(self, anchor: str, removed: int, added: int) -> None:
+        """One DEBUG line per rewrite (``TORCH_LOGS="+optimus"``); counts are the caller's."""
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("optimus: %s rewrote %s (-%d +%d nodes)", self.where or "a rule", anchor, removed, added)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -57,7 +68,24 @@ class GraphReport:
     def stats(self, rule_name: str) -> RuleStats:
         if rule_name not in self.rules:
             self.rules[rule_name] = RuleStats()
-        return self.rules[rule_name]
+        stats = self.rules[rule_name]
+        if not stats.where:
+            stats.where = f"{self.level} {self.graph}: {rule_name}"
+        return stats
+
+    def summary(self) -> str:
+        """One line: nodes before -> after, rewrites per rule (most first), declines,
+        errors, notes, time. What ``TORCH_LOGS="optimus"`` prints per graph."""
+        done = sorted(((s.matched, name) for name, s in self.rules.items() if s.matched), reverse=True)
+        shown = ", ".join(f"{name} x{n}" for n, name in done[:4]) + (f", +{len(done) - 4} more rules" if len(done) > 4 else "")
+        declined = sum(sum(s.declined.values()) for s in self.rules.values())
+        errors = sum(len(s.errors) for s in self.rules.values())
+        line = f"{self.level} {self.graph}: {self.nodes_before} -> {self.nodes_after} nodes, {self.matched} rewrites"
+        line += f" ({shown})" if shown else ""
+        line += f", {declined} declined" if declined else ""
+        line += f", {errors} errors rolled back" if errors else ""
+        line += f", {self.time_s * 1e3:.1f} ms"
+        return line + "".join(f"; {note}" for note in self.notes)
 
     @property
     def matched(self) -> int:
@@ -83,6 +111,11 @@ class Report:
         self.passes = passes
         self.graphs: list[GraphReport] = []
         self.notes: list[str] = []
+
+    def note_once(self, note: str) -> None:
+        """Add a report-wide note unless it is there already (per-compile hooks repeat)."""
+        if note not in self.notes:
+            self.notes.append(note)
 
     def new_graph(self, level: str, graph: str) -> GraphReport:
         g = GraphReport(level, graph)
@@ -144,3 +177,30 @@ class Report:
 
     def __str__(self) -> str:
         return self.table()
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], numeric: Sequence[bool] | None = None) -> str:
+    """Plain-text table: a header, a rule, one line per row; numeric columns right-aligned.
+
+    Columns are as wide as their widest cell; cells are ``str()``-ed. Plain text on
+    purpose: the same bytes in a terminal, a pipe, a log and a test.
+    """
+    cells = [[str(c) for c in row] for row in rows]
+    if numeric is None:
+        numeric = [bool(cells) and all(_is_number(r[i]) for r in cells) for i in range(len(headers))]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+
+    def line(values: Sequence[str]) -> str:
+        return "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)).rstrip()
+
+    out = [line(list(headers)), "  ".join("-" * w for w in widths)]
+    out += [line(r) for r in cells]
+    return "\n".join(out)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text.replace(",", ""))
+    except ValueError:
+        return False
+    return True

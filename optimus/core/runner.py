@@ -23,6 +23,7 @@ from typing import Any, Iterator
 
 import torch.fx as fx
 
+from . import logs
 from .driver import Driver
 from .levels import make_view
 from .numeric import NUMERIC_SKIPPED, find_culprit
@@ -54,11 +55,13 @@ def optimize_graph(  # the caller recompiles gm if it runs it as Python (Inducto
     graph = gm.graph
     gr = report.new_graph(level, graph_name)
     gr.nodes_before = len(graph.nodes)
+    watch = logs.level_started(level, graph_name, gm)  # TORCH_LOGS / TORCH_TRACE / graph pictures
     t0 = time.perf_counter()
     with _gc_paused():
         _run_with_rollback(gm, view, rules, config, gr, example_inputs)
     gr.nodes_after = len(graph.nodes)
     gr.time_s = time.perf_counter() - t0
+    logs.level_finished(watch, gr, gm)
     return gr
 
 

@@ -27,6 +27,9 @@ class GraphRecord:
         self.owning_module = graph.owning_module
         self.entries = [(n, n.op, n.target, n.args, n.kwargs, n.name, n.type, n.meta) for n in graph.nodes]
         self.extras = {n: {k: v for k, v in vars(n).items() if k not in _FX_NODE_FIELDS} for n in graph.nodes}
+        # attributes the graph object had; others are caches a compiler added later (e.g.
+        # Inductor's node -> index map for kernel metadata), stale once nodes are rebuilt
+        self.graph_attrs = frozenset(vars(graph))
 
     def rebuild_into(self, graph: fx.Graph, keep: dict[fx.Node, fx.Node] | None = None) -> None:
         """Append the recorded nodes to ``graph``; nodes in ``keep`` (recorded node ->
@@ -78,4 +81,6 @@ def restore(graph: fx.Graph, record: GraphRecord) -> None:
         graph.erase_node(node)
     for n in keep:
         n.users.clear()
+    for attr in [a for a in vars(graph) if a not in record.graph_attrs]:
+        delattr(graph, attr)
     record.rebuild_into(graph, keep)

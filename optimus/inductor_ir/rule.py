@@ -19,8 +19,9 @@ candidates pair up:
     Knobs: ``max_rounds``, ``relaxed`` (waive Inductor's fusion heuristics).
 ``pairing="combo"``
     Like ``independent`` but the group becomes one combo (foreach) launch of separate
-    sub-kernels instead of one fused loop nest (GPU backends only). Knobs:
-    ``max_attempts``, ``verify_codegen``, ``benchmark``.
+    sub-kernels instead of one fused loop nest (GPU backends only). Default buckets:
+    ``(device, kind)``, since Inductor launches pointwise kernels and reductions apart.
+    Knobs: ``max_attempts``, ``verify_codegen``, ``benchmark``.
 
 The replacement ``replace(m, b)`` returns ``b.fuse(*nodes)`` (one kernel) or
 ``b.combo(*nodes)`` (one launch), or ``None``/``m.decline(...)`` to keep them apart.
@@ -147,7 +148,8 @@ def _default_bucket(pairing: str) -> Callable[[Call, Any], Hashable]:
     if pairing == "independent":
         return lambda call, view: view.iteration_key(call.node)
     if pairing == "combo":
-        return lambda call, view: call.get("device")
+        # Inductor's combo codegen launches pointwise kernels and reductions separately
+        return lambda call, view: (call.get("device"), call.op)
     return lambda call, view: None
 
 

@@ -150,8 +150,12 @@ def combo_small_kernels(m: FusionMatch, b: FusionBuilder):
     For kernels whose iteration spaces differ (so fusing them is illegal), a combo
     kernel (Inductor's foreach/combo codegen) still saves the launches; it pays off for
     launch-bound kernels, hence the caps on iteration points and reduction length (a
-    combo of 8 small kernels saves ~7 launches of a few microseconds each). The combo's
-    source is generated once before it is accepted (``verify_codegen``);
-    ``benchmark=True`` also times it against the separate kernels (slower compiles).
+    combo of 8 small kernels saves ~7 launches of a few microseconds each). Candidates
+    are grouped by kind (Inductor launches pointwise kernels and reductions apart); the
+    combo's source is generated once before it is accepted (``verify_codegen``), and
+    members Inductor's partitioning would launch alone stay as they were;
+    ``benchmark=True`` also times it against the separate kernels (slower compiles). The
+    driver keeps out the second stage of a split mix-order reduction, which Inductor
+    computes inside the mix-order kernel (see docs/inductor-ir.md, issue 11).
     """
     return b.combo(m.group, m.candidate)

@@ -37,8 +37,13 @@ def test_raising_rule_is_rolled_back_and_reported(temp_rule, level, caplog):
         raise RuntimeError("boom")
 
     temp_rule(Op("relu", Var("x")), broken, name="test_broken_rule")
-    with caplog.at_level(logging.WARNING, logger="optimus"):
-        run = run_level(f_relu_cat, [torch.randn(3, 8)], level)
+    optimus_log = logging.getLogger("optimus")  # torch's logging may have stopped it propagating
+    optimus_log.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.WARNING, logger="optimus"):
+            run = run_level(f_relu_cat, [torch.randn(3, 8)], level)
+    finally:
+        optimus_log.removeHandler(caplog.handler)
     errors = run.errors()
     assert errors and "boom" in errors[0]
     assert "test_broken_rule" in caplog.text
