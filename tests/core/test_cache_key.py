@@ -17,7 +17,8 @@ def test_key_covers_the_compiling_sources_only():
                      "rules/split_cat.py", "rules/kernel_fusion.py", "compile.py", "compat.py", "safety_net.py",
                      "kernels/ops.py", "kernels/custom_ops.py", "kernels/eager.py"):
         assert required in names, required
-    for tool in ("tools/", "bench/", "models/", "measure.py", "cli.py", "kernels/bench.py", "kernels/aot_check.py"):
+    for tool in ("tools/", "bench/", "models/", "measure.py", "cli.py", "graph_pictures.py", "planner/",
+                 "kernels/bench.py", "kernels/bench_embedding.py", "kernels/aot_check.py"):
         assert not any(n.startswith(tool) for n in names), tool
     assert names == sorted(names)
 
@@ -40,3 +41,27 @@ def test_every_part_of_the_package_is_classified():
         f"classify {sorted(parts - set(oc.COMPILED_SOURCES) - NOT_COMPILING)} (compile.COMPILED_SOURCES or NOT_COMPILING); "
         f"gone: {sorted((set(oc.COMPILED_SOURCES) | NOT_COMPILING) - parts)}"
     )
+
+
+def test_compiling_sources_import_nothing_unhashed():
+    """What the key hashes must not depend on what it does not hash (else an edit there
+    would change compiled code under an unchanged key). Drawing pictures in ``explain`` is
+    the one exception: it reads graphs and changes nothing."""
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    from test_architecture import import_graph
+
+    allowed = {("optimus.compile", "optimus.graph_pictures")}
+    hashed = lambda name: any(  # noqa: E731
+        name == f"optimus.{e.removesuffix('.py')}" or name.startswith(f"optimus.{e}.") for e in oc.COMPILED_SOURCES
+    ) or name.startswith("optimus.kernels")
+    unhashed = {f"optimus.{e.removesuffix('.py')}" for e in NOT_COMPILING if e != "__init__.py"}
+    bad = sorted(
+        (src, dst)
+        for src, edges in import_graph().items()
+        if hashed(src)
+        for dst in edges
+        if any(dst == u or dst.startswith(u + ".") for u in unhashed) and (src, dst) not in allowed
+    )
+    assert not bad, f"compiling modules importing unhashed ones (hash them: compile.COMPILED_SOURCES): {bad}"
