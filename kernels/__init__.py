@@ -28,6 +28,7 @@ imports without CUDA and without Triton: the Triton modules are imported on firs
 """
 
 from ._common import ACTIVATIONS, get_backend, set_backend, triton_available
+from .embedding_ops import grouped_embedding_bag
 from .ops import (
     batched_layer_norm,
     batched_layer_norm_packed,
@@ -40,6 +41,7 @@ from .ops import (
 __all__ = [
     "grouped_linear",
     "batched_layer_norm",
+    "grouped_embedding_bag",
     "grouped_linear_packed",
     "batched_layer_norm_packed",
     "pack",

@@ -626,10 +626,6 @@ _CHOSEN: dict = {}
 _KIND = {"fwd": 0, "dx": 1, "dw": 2}
 
 
-def launch_stats() -> dict:
-    return {"chosen_configs": len(_CHOSEN)}
-
-
 _VIA_TUNER = object()  # sentinel: this Triton's autotuner does not expose its choice; keep calling it
 
 

@@ -1,9 +1,10 @@
 """Optimus: a multi-level graph optimizer for PyTorch 2.x.
 
 Vertical rewrites delete pointless chains (split-then-cat, unbind-then-stack);
-horizontal rewrites merge independent identical ops. Rules are written once against a
-canonical op vocabulary and run at Torch-IR (Dynamo's pre-grad graph), Aten-IR (post-grad
-forward/backward graphs) and, through scheduler hooks, Inductor-IR.
+horizontal rewrites merge independent identical ops. FX rules are written once against a
+canonical op vocabulary and run at Torch-IR (Dynamo's pre-grad graph) and Aten-IR
+(post-grad forward/backward graphs); Inductor-IR rules, in the same form, decide which
+scheduler nodes become one kernel.
 
 Quick start::
 
@@ -46,6 +47,11 @@ if not _os.path.isdir(_os.path.join(_here, "kernels")):
 
         _sys.meta_path.insert(0, _SourceKernelsFinder())
 
+# The levels register their graph views with the core, the rule modules register the
+# built-in rules: importing any optimus module runs this file first, so every entry point
+# (optimus.compile, optimus.core.registry.resolve, the command line) sees them.
+from . import aten_ir, torch_ir  # noqa: E402,F401
+from . import rules as _builtin_rules  # noqa: E402,F401
 from .compile import compile, explain, last_report, make_backend, optimize  # noqa: E402
 from .core.pattern import ANY, Alt, Each, ListOf, Lit, Op, Var  # noqa: E402
 from .core.registry import REGISTRY, DriverOptions, PassConfig, resolve  # noqa: E402
@@ -60,7 +66,6 @@ def register_rule(r: Rule, replace: bool = False) -> Rule:
 
 def list_rules(level: str | None = None) -> list[Rule]:
     """Registered rules (built-in and user), in the order the driver tries them."""
-    resolve("none")  # loads the built-in rules
     return REGISTRY.rules(level)
 
 

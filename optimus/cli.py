@@ -19,7 +19,7 @@ def _passes_arg(value: str) -> Any:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import DemoConfig, format_demo, run_demo
+    from .tools.demo import DemoConfig, format_demo, run_demo
 
     if args.device == "cuda":
         import torch
@@ -42,7 +42,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
     import optimus
 
-    from .demo import DemoConfig, SplitCatDemo
+    from .tools.demo import DemoConfig, SplitCatDemo
 
     cfg = DemoConfig.small() if args.small else DemoConfig()
     model = SplitCatDemo(cfg.features, cfg.width, cfg.rounds)
@@ -81,7 +81,7 @@ def _cmd_rules(args: argparse.Namespace) -> int:
         print(rules_markdown(rules))
         return 0
     if args.json:
-        print(json.dumps([{"name": r.name, "kind": r.kind, "levels": list(r.levels), "anchors": list(r.anchors), "priority": r.priority, "options": r.options} for r in rules], indent=2, default=repr))
+        print(json.dumps([{"name": r.name, "kind": r.kind, "levels": list(r.levels), "anchors": list(r.anchors), "priority": r.priority, "options": r.option_defaults()} for r in rules], indent=2, default=repr))
         return 0
     print(f"{'rule':<36}{'kind':<14}{'levels':<22}{'anchor':<22}")
     for r in rules:
@@ -117,8 +117,8 @@ def rules_markdown(rules: list[Any]) -> str:
         for r in chosen:
             default = "" if r.default else " (off by default: enable by name)"
             lines += [f"### `{r.name}`{default}", "", f"levels: {', '.join(r.levels)} · anchor: {', '.join(r.anchors)} · priority {r.priority}"]
-            if r.options:
-                lines.append(f"· options: {', '.join(f'{k}={v!r}' for k, v in r.options.items())}")
+            if r.option_defaults():
+                lines.append(f"· options: {', '.join(f'{k}={v!r}' for k, v in r.option_defaults().items())}")
             lines += ["", "```", r.doc.strip() or "(no docstring)", "```", ""]
     return "\n".join(lines)
 
@@ -154,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="upstream PyTorch's pass names and the Optimus rules each one selects")
     rules.set_defaults(func=_cmd_rules)
 
-    for module in ("optimus.bench.cli", "optimus.fuzz"):
+    for module in ("optimus.bench.cli", "optimus.tools.fuzz"):
         try:
             mod = __import__(module, fromlist=["register"])
         except ImportError:

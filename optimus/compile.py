@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import functools
 import hashlib
+import importlib.util
 import logging
 import pathlib
 from typing import Any, Callable
@@ -29,7 +30,8 @@ import torch
 import torch.fx as fx
 
 from . import compat, distributed, safety_net
-from .core.driver import optimize_graph, restore, snapshot
+from .core.runner import optimize_graph
+from .core.snapshot import restore, snapshot
 from .core.passkey import UuidKeyed
 from .core.registry import PassConfig, resolve
 from .core import upstream_names
@@ -43,15 +45,36 @@ CustomGraphPass = compat.CustomGraphPass or object
 PASSES_OPTION = "optimus_passes"
 
 
+# What decides the code a compile produces: the core, the level views and drivers, the
+# rules, the integration, and the kernels the rules may emit. The tools (demo, fuzzer,
+# scale, GPU check), the benchmark harness, the model zoo, the measurement helpers and the
+# command line do not; changing them keeps every compile-cache entry valid.
+COMPILED_SOURCES: tuple[str, ...] = ("core", "torch_ir", "aten_ir", "inductor_ir", "rules", "compile.py", "compat.py", "safety_net.py")
+KERNEL_TOOLS: tuple[str, ...] = ("bench.py", "bench_embedding.py", "aot_check.py")  # in kernels/, but they compile nothing
+
+
+def compiled_source_files() -> list[tuple[str, pathlib.Path]]:
+    """(name in the key, path) of every source file the compile-cache key hashes, sorted."""
+    root = pathlib.Path(__file__).parent
+    found: list[tuple[str, pathlib.Path]] = []
+    for entry in COMPILED_SOURCES:
+        path = root / entry
+        files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
+        found += [(f.relative_to(root).as_posix(), f) for f in files]
+    spec = importlib.util.find_spec("optimus.kernels")  # a top-level folder in a checkout
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        files = [f for f in sorted(pathlib.Path(folder).rglob("*.py")) if f.name not in KERNEL_TOOLS]
+        found += [(f"kernels/{f.relative_to(folder).as_posix()}", f) for f in files]
+    return sorted(found)
+
+
 @functools.lru_cache(maxsize=1)
 def source_fingerprint() -> str:
-    """Hash of Optimus's own sources and the torch version (part of every cache key)."""
+    """Hash of the sources that decide compiled code and the torch version (part of every
+    cache key)."""
     h = hashlib.sha256(torch.__version__.encode())
-    root = pathlib.Path(__file__).parent
-    for path in sorted(root.rglob("*.py")):
-        if "models" in path.parts or "bench" in path.parts:
-            continue
-        h.update(path.relative_to(root).as_posix().encode())
+    for name, path in compiled_source_files():
+        h.update(name.encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
@@ -82,8 +105,12 @@ class Session:
         self._names[f"graph:{kind}"] += 1
         return f"{kind} {idx}"
 
+    def current_graph(self) -> str | None:
+        """The name of the graph Inductor is compiling now, if the per-graph compile named it."""
+        return safety_net.GRAPH_KIND.get()
+
     def graph_name(self, level: str, graph: fx.Graph) -> str:
-        current = safety_net.GRAPH_KIND.get()
+        current = self.current_graph()
         if current is not None and level != "torch_ir":
             return current  # named by the per-graph ladder: the same at every level
         if level == "aten_ir":
@@ -341,7 +368,7 @@ def optimize(
     shapes are propagated with fake tensors first. The report is available from
     ``optimus.last_report()`` and ``gm.meta["optimus_report"]``.
     """
-    from .core.driver import make_view
+    from .core.levels import make_view
 
     if level not in ("torch_ir", "aten_ir"):
         raise ValueError(f"optimize() rewrites FX graphs at 'torch_ir' or 'aten_ir', not {level!r}")

@@ -32,6 +32,7 @@ __all__ = [
     "generated_kernel_count",
     "median_step_ms",
     "peak_memory",
+    "step_ms_medians",
     "synchronize",
 ]
 
@@ -158,6 +159,29 @@ def count_kernels(step_fn: Callable[[], Any], device: str | torch.device = "cpu"
     return counter.count
 
 
+def kernel_profile(step_fn: Callable[[], Any], device: str | torch.device, top: int = 8) -> dict[str, Any]:
+    """CUDA: the kernels of one call of a warmed-up step with their device time:
+    ``{"count", "device_us", "top": [[name, calls, total_us], ...]}`` (longest first)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    dev = torch.device(device)
+    synchronize(dev)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step_fn()
+        synchronize(dev)
+    by_name: dict[str, list[float]] = {}
+    for e in prof.events():
+        if _is_cuda_kernel(e):
+            us = float(getattr(e, "device_time", None) or getattr(e, "cuda_time", 0.0) or 0.0)
+            by_name.setdefault(e.name or "?", []).append(us)
+    rows = sorted(([name, len(v), round(sum(v), 2)] for name, v in by_name.items()), key=lambda r: -r[2])
+    return {
+        "count": sum(r[1] for r in rows),
+        "device_us": round(sum(r[2] for r in rows), 2),
+        "top": [[name[:120], calls, us] for name, calls, us in rows[:top]],
+    }
+
+
 def _is_cuda_kernel(event: Any) -> bool:
     dev_type = getattr(event, "device_type", None)
     if dev_type is None or "CUDA" not in str(dev_type):
@@ -169,26 +193,40 @@ def _is_cuda_kernel(event: Any) -> bool:
 
 def median_step_ms(step_fn: Callable[[], Any], device: str | torch.device = "cpu", warmup: int = 5, iters: int = 30) -> float:
     """Median wall time of one step in milliseconds (CUDA events on GPU)."""
+    return step_ms_medians(step_fn, device, warmup=warmup, iters=iters, repeats=1)[0]
+
+
+def step_ms_medians(
+    step_fn: Callable[[], Any], device: str | torch.device = "cpu", warmup: int = 5, iters: int = 30, repeats: int = 1
+) -> list[float]:
+    """``repeats`` medians, each over ``iters`` steps, taken back to back after one ``warmup``.
+
+    The spread of the medians states how noisy the figure is; ``repeats=1`` is
+    ``median_step_ms``.
+    """
     dev = torch.device(device)
     for _ in range(warmup):
         step_fn()
     synchronize(dev)
-    times: list[float] = []
-    if dev.type == "cuda":
-        for _ in range(iters):
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            step_fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-    else:
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            step_fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    medians: list[float] = []
+    for _ in range(max(repeats, 1)):
+        times: list[float] = []
+        if dev.type == "cuda":
+            for _ in range(iters):
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                step_fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+        else:
+            for _ in range(iters):
+                t0 = time.perf_counter()
+                step_fn()
+                times.append((time.perf_counter() - t0) * 1e3)
+        medians.append(statistics.median(times))
+    return medians
 
 
 def peak_memory(step_fn: Callable[[], Any], device: str | torch.device = "cpu") -> int:

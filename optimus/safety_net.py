@@ -35,7 +35,7 @@ import torch
 import torch.fx as fx
 
 from . import compat
-from .core.driver import restore, snapshot
+from .core.snapshot import restore, snapshot
 from .core.passkey import PASS_BASES, UuidKeyed
 
 log = logging.getLogger("optimus")

@@ -16,7 +16,7 @@ import torch
 import torch.fx as fx
 
 import optimus
-from optimus.core.driver import make_view
+from optimus.core.levels import make_view
 from optimus.core.report import Report
 
 

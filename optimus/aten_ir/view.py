@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from ..core.levels import register_view
 from ..core.view import BindError, GraphView, is_int
 from ..core.vocab import UNARY_POINTWISE
 
@@ -279,3 +280,6 @@ class AtenIRView(GraphView):
             if p.alias_info is not None and p.alias_info.is_write:
                 fx.node.map_arg(bound.get(p.name), written.append)
         return written
+
+
+register_view("aten_ir", AtenIRView)

@@ -2,10 +2,12 @@
 
     optimus bench --model NAME|all --mode infer|train [--device cuda|cpu]
                   [--size small|realistic] [--configs a,b] [--json FILE] [--plot FILE]
+                  [--workers N] [--repeats R] [--tf32] [--dynamic]
 
 ``--model`` and ``--mode`` also take comma lists. ``--json`` merges into an existing
 file, keyed by model/mode/config, and is rewritten after every row, so runs made in
-pieces (or cut short) accumulate into one file.
+pieces (or cut short) accumulate into one file. ``--workers N`` compiles N rows at a
+time in worker processes and times one at a time (``optimus.bench.parallel``).
 """
 
 from __future__ import annotations
@@ -41,9 +43,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--configs", default="all", help=f"configurations: {', '.join(CONFIG_NAMES)}, all, or a comma list")
     p.add_argument("--iters", type=int, default=30, help="timed steps per configuration (default 30)")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps after compilation (default 5)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="take the median of --iters steps this many times and report their spread (default 1)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-tf32", dest="tf32", action="store_false",
-                   help="CUDA: disable TF32 matmuls for every configuration (default: TF32 on)")
+    p.add_argument("--tf32", dest="tf32", action="store_true", default=False,
+                   help="CUDA: time the steps with TF32 matmuls (one extra compile per row: Dynamo guards on "
+                        "the flag); accuracy is always judged with TF32 off (default: TF32 off throughout)")
+    p.add_argument("--no-tf32", dest="tf32", action="store_false", help=argparse.SUPPRESS)  # the default now
+    p.add_argument("--dynamic", action="store_true", help="compile with dynamic=True")
+    p.add_argument("--workers", type=int, default=1,
+                   help="compile this many rows at a time in worker processes; timed sections still run one "
+                        "at a time, under a lock (default 1: every row in this process, in order)")
+    p.add_argument("--compile-threads", type=int, default=None,
+                   help="with --workers: TORCHINDUCTOR_COMPILE_THREADS of each worker (default: the compile "
+                        "cores divided by the workers)")
+    p.add_argument("--timing-cores", type=int, default=None,
+                   help="with --workers: CPU cores kept free of compiles for the timed sections "
+                        "(default: 2 on machines of 8+ cores, else 0)")
     p.add_argument("--json", metavar="FILE", default=None,
                    help="merge results into FILE (keyed by model/mode/config; written after every row)")
     p.add_argument("--skip-existing", action="store_true",
@@ -87,15 +103,20 @@ def run_command(args: argparse.Namespace) -> int:
               f"built with CUDA {torch.version.cuda})", file=sys.stderr)
         return 2
     size = args.size or ("realistic" if device == "cuda" else "small")
-    if args.iters < 1 or args.warmup < 0:
-        raise ValueError("--iters must be >= 1 and --warmup >= 0")
+    if args.iters < 1 or args.warmup < 0 or args.repeats < 1:
+        raise ValueError("--iters and --repeats must be >= 1 and --warmup >= 0")
+    if args.workers < 1 or (args.compile_threads is not None and args.compile_threads < 1):
+        raise ValueError("--workers and --compile-threads must be >= 1")
+    if args.workers == 1 and (args.compile_threads is not None or args.timing_cores is not None):
+        raise ValueError("--compile-threads and --timing-cores apply to worker processes: add --workers N (N > 1)")
     if args.plot:
         from .plot import require_matplotlib
 
         require_matplotlib()
 
     opts = harness.BenchOptions(device=device, size=size, iters=args.iters, warmup=args.warmup,
-                                seed=args.seed, tf32=args.tf32, cold=args.cold)
+                                seed=args.seed, tf32=args.tf32, cold=args.cold, repeats=args.repeats,
+                                dynamic=args.dynamic, compile_threads=args.compile_threads)
     command = "optimus bench " + " ".join(shlex.quote(a) for a in _argv_for_record(args, device, size))
     data = results.load(args.json) if args.json else results.empty()
     this_run = results.empty()
@@ -117,9 +138,18 @@ def run_command(args: argparse.Namespace) -> int:
     planned = [f"{m}/{md}/{c}" for m in models for md in modes for c in configs]
     progress = Progress(len(planned), enabled=not args.quiet)
     try:
-        harness.run(models, modes, configs, opts, on_row=on_row, progress=progress, skip=skip, deadline=deadline)
+        if args.workers > 1:
+            from . import parallel
+
+            prior = parallel.prior_compile_s(data, device, size)
+            parallel.run_parallel(models, modes, configs, opts, args.workers, on_row=on_row, progress=progress,
+                                  skip=skip, deadline=deadline, prior=prior, timing_cores=args.timing_cores)
+        else:
+            harness.run(models, modes, configs, opts, on_row=on_row, progress=progress, skip=skip, deadline=deadline)
     finally:
         progress.close()
+    # rows arrive in completion order with workers: the table follows the plan
+    this_run["rows"] = {k: this_run["rows"][k] for k in planned if k in this_run["rows"]}
     not_run = [k for k in planned if k not in skip and k not in this_run["rows"]]
     if not_run:
         print(f"budget reached; not run ({len(not_run)}): {', '.join(not_run)}", file=sys.stderr)
@@ -146,10 +176,20 @@ def _argv_for_record(args: argparse.Namespace, device: str, size: str) -> list[s
         argv += ["--iters", str(args.iters)]
     if args.warmup != 5:
         argv += ["--warmup", str(args.warmup)]
+    if args.repeats != 1:
+        argv += ["--repeats", str(args.repeats)]
     if args.seed != 0:
         argv += ["--seed", str(args.seed)]
-    if not args.tf32:
-        argv.append("--no-tf32")
+    if args.tf32:
+        argv.append("--tf32")
+    if args.dynamic:
+        argv.append("--dynamic")
+    if args.workers != 1:
+        argv += ["--workers", str(args.workers)]  # compile times depend on it
+    if args.compile_threads is not None:
+        argv += ["--compile-threads", str(args.compile_threads)]
+    if args.timing_cores is not None:
+        argv += ["--timing-cores", str(args.timing_cores)]
     if not args.cold:
         argv.append("--warm-cache")
     if args.json:

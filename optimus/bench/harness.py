@@ -1,17 +1,23 @@
 """Run one zoo model through every configuration and measure each the same way.
 
-For each (model, mode, configuration), in this process:
+For each (model, mode, configuration), in this process (or, with ``--workers N``, in
+one of N worker processes: ``optimus.bench.parallel``):
 
 1. ``torch._dynamo.reset()`` and a fresh, empty Inductor cache directory with the FX
    graph and AOT autograd caches off, so compile time is cold and nothing is shared;
 2. a fresh model built from the seed (same initial parameters for every
    configuration) and wrapped by the configuration;
-3. the first step, timed: it compiles (cold compile time = first step minus one
-   steady step) and gives the outputs and parameter gradients compared with eager;
-4. kernels per step (CUDA: profiler kernel events of one warmed-up step; CPU: loop
-   nests and extern calls in the generated code plus the aten ops that run outside
-   it, or the computing aten ops for eager), the median step time over ``iters`` steps
-   after ``warmup``, and the peak memory of one step.
+3. the first step, timed, with TF32 off: it compiles (cold compile time = first step
+   minus one steady step) and gives the outputs and parameter gradients judged against
+   eager fp32 and fp64 by the dynamo benchmarks' rule (``optimus.bench.accuracy``);
+4. with ``tf32`` (CUDA), TF32 is turned on and one untimed step recompiles (Dynamo
+   guards on the TF32 flag);
+5. the timed section (with workers, under an exclusive inter-process lock): kernels
+   per step (CUDA: profiler kernel events of one warmed-up step; CPU: loop nests and
+   extern calls in the generated code plus the aten ops that run outside it, or the
+   computing aten ops for eager; CUDA graphs: counted after the timed steps, on a
+   replay), ``repeats`` medians of the step time over ``iters`` steps after
+   ``warmup``, and the peak memory of one step.
 
 A training step is forward, ``loss.backward()`` and ``torch.optim.SGD.step()`` (not
 compiled); an inference step is the forward under ``torch.no_grad()``. A configuration
@@ -23,16 +29,20 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import gc
+import logging
 import os
 import platform
+import statistics
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, ContextManager, Iterable, Iterator
 
 import torch
 
 from ..models import ZooModel, get_model
+from . import accuracy
+from .accuracy import Reference
 from .configs import CONFIGS, upstream_fusion_options
 
 MODES = ("train", "infer")
@@ -46,16 +56,20 @@ class BenchOptions:
     iters: int = 30
     warmup: int = 5
     seed: int = 0
-    tf32: bool = True
+    tf32: bool = False  # CUDA: time with TF32 matmuls (accuracy is always judged with TF32 off)
     lr: float = LR
     cold: bool = True  # fresh cache dirs per configuration (False: reuse compiled kernels; CI only)
+    repeats: int = 1  # medians of ``iters`` steps taken this many times (their spread is reported)
+    dynamic: bool = False  # compile with dynamic=True
+    workers: int = 1  # processes compiling concurrently (recorded in every row)
+    compile_threads: int | None = None  # TORCHINDUCTOR_COMPILE_THREADS of each worker (None: Inductor's default)
 
-    @property
-    def tolerance(self) -> float:
-        """Max error relative to the reference's largest magnitude, per tensor."""
-        if torch.device(self.device).type == "cuda":
-            return 2e-2 if self.tf32 else 2e-3
-        return 2e-3
+    def tolerance(self, mode: str) -> float:
+        """The accuracy rule's ``tol``: 1e-3 for CUDA training, else 1e-4."""
+        return accuracy.accuracy_tolerance(self.device, mode)
+
+    def compile_kwargs(self) -> dict[str, Any]:
+        return {"dynamic": True} if self.dynamic else {}
 
 
 def environment(device: str) -> dict[str, Any]:
@@ -130,15 +144,19 @@ def warm_compile_pool(device: str) -> None:
 class Runner:
     """A model under one configuration, with its step functions."""
 
-    def __init__(self, zoo: ZooModel, fn: Callable[..., Any], mode: str, lr: float) -> None:
+    def __init__(self, zoo: ZooModel, fn: Callable[..., Any], mode: str, lr: float, cudagraphs: bool = False) -> None:
         self.zoo = zoo
         self.fn = fn
         self.mode = mode
+        self.cudagraphs = cudagraphs
         self.params = [p for p in zoo.model.parameters() if p.requires_grad]
         self.opt = torch.optim.SGD(self.params, lr=lr) if mode == "train" else None
 
     def forward_backward(self) -> torch.Tensor:
         """Forward and backward (no optimizer step): the parity step."""
+        if self.cudagraphs:
+            # One step is one CUDA-graph generation: the previous step's outputs may be reused.
+            torch.compiler.cudagraph_mark_step_begin()
         if self.mode == "infer":
             with torch.no_grad():
                 return self.fn(*self.zoo.inputs)
@@ -172,73 +190,78 @@ class Runner:
         return [None if p.grad is None else p.grad.detach().clone() for p in self.params]
 
 
-@dataclass
-class Reference:
-    output: torch.Tensor
-    grads: list[torch.Tensor | None]
-
-
-def _rel_err(got: torch.Tensor, want: torch.Tensor, floor: float = 1e-12) -> tuple[float, float]:
-    """Max abs error, and it relative to ``max|want|`` (but never to less than ``floor``)."""
-    got, want = got.detach().float(), want.detach().float()
-    if got.shape != want.shape:
-        raise AssertionError(f"shape {tuple(got.shape)} != eager {tuple(want.shape)}")
-    abs_err = (got - want).abs().max().item() if want.numel() else 0.0
-    scale = want.abs().max().item() if want.numel() else 0.0
-    return abs_err, abs_err / max(scale, floor)
-
-
 def compare(ref: Reference, out: torch.Tensor, grads: list[torch.Tensor | None] | None, tol: float) -> dict[str, Any]:
-    """Max abs/rel error of outputs (and gradients) against eager; ``ok`` within ``tol``."""
-    out_abs, out_rel = _rel_err(out, ref.output)
-    result: dict[str, Any] = {"out_max_abs": out_abs, "out_max_rel": out_rel, "tol": tol}
-    ok = out_rel <= tol and out_abs == out_abs  # NaN check
-    if grads is not None:
-        g_abs = g_rel = 0.0
-        missing = 0
-        # A parameter whose gradient is ~1e-8 while others are ~1 is judged on the scale
-        # of all gradients: rounding noise relative to its own tiny scale is not a mismatch.
-        overall = max((r.detach().abs().max().item() for r in ref.grads if r is not None and r.numel()), default=0.0)
-        floor = max(1e-12, 1e-3 * overall)
-        for g, r in zip(grads, ref.grads):
-            if (g is None) != (r is None):
-                missing += 1
-                continue
-            if g is None or r is None:
-                continue
-            a, rel = _rel_err(g, r, floor)
-            g_abs, g_rel = max(g_abs, a), max(g_rel, rel)
-        result.update(grad_max_abs=g_abs, grad_max_rel=g_rel, grads_missing=missing)
-        ok = ok and g_rel <= tol and g_abs == g_abs and missing == 0
-    result["ok"] = bool(ok)
-    return result
+    """The accuracy record of a step (``optimus.bench.accuracy.judge``)."""
+    return accuracy.judge(ref, out, grads, tol)
 
 
 def eager_reference(name: str, mode: str, opts: BenchOptions) -> Reference:
-    zoo = get_model(name, opts.size, opts.device, opts.seed)
-    runner = Runner(zoo, zoo.model, mode, opts.lr)
-    out = runner.forward_backward().detach().clone()
-    ref = Reference(out, runner.grads() if mode == "train" else [])
-    del runner, zoo
-    return ref
+    """Eager fp32 and fp64 results of the first step, TF32 off."""
+    return accuracy.eager_reference(name, mode, opts.size, opts.device, opts.seed)
+
+
+class CudagraphSkips:
+    """Inductor's "skipping cudagraphs due to ..." messages and skip count since creation."""
+
+    def __init__(self) -> None:
+        from torch._dynamo.utils import counters
+
+        self._counters = counters
+        self._before = counters["inductor"].get("cudagraph_skips", 0)
+        self.messages: list[str] = []
+
+    def reasons(self) -> list[str]:
+        skips = self._counters["inductor"].get("cudagraph_skips", 0) - self._before
+        return self.messages + ["(no reason logged)"] * max(skips - len(self.messages), 0)
+
+
+@contextlib.contextmanager
+def cudagraph_watch() -> Iterator[CudagraphSkips]:
+    """Collect cudagraph skips (and their logged reasons) while the block runs."""
+    watch = CudagraphSkips()
+
+    class _Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            watch.messages.append(record.getMessage())
+
+    try:
+        from torch._inductor.cudagraph_utils import cudagraphs_log as logger
+    except ImportError:  # pragma: no cover - layout differs across versions
+        logger = None
+    handler = _Collect(level=logging.DEBUG)
+    if logger is not None:
+        logger.addHandler(handler)
+    try:
+        yield watch
+    finally:
+        if logger is not None:
+            logger.removeHandler(handler)
+
+
+def _cudagraph_status(dev: torch.device, watch: CudagraphSkips) -> str:
+    if dev.type != "cuda":
+        return "n/a on cpu"
+    skipped = watch.reasons()
+    if not skipped:
+        return "on"
+    reasons = sorted(set(skipped))
+    return f"skipped {len(skipped)}x: " + "; ".join(r[:120] for r in reasons[:3])
 
 
 # --- one row --------------------------------------------------------------------------
 
 
-def run_config(name: str, mode: str, config: str, opts: BenchOptions, ref: Reference | None) -> dict[str, Any]:
-    """Measure ``name`` in ``mode`` under ``config``; never raises (errors go in the row)."""
-    from .. import measure
-
+def new_row(name: str, mode: str, config: str, opts: BenchOptions, error: str | None = None) -> dict[str, Any]:
+    """A row with every field present and nothing measured yet (status "error")."""
     dev = torch.device(opts.device)
-    row: dict[str, Any] = {
+    return {
         "model": name,
         "mode": mode,
         "config": config,
         "size": opts.size,
         "device": dev.type,
         "status": "error",
-        "error": None,
+        "error": error,
         "batch_size": None,
         "kernels": None,
         "kernel_method": None,
@@ -251,22 +274,54 @@ def run_config(name: str, mode: str, config: str, opts: BenchOptions, ref: Refer
         "parity": None,
         "iters": opts.iters,
         "warmup": opts.warmup,
+        "repeats": opts.repeats,
         "seed": opts.seed,
-        "tf32": opts.tf32 if dev.type == "cuda" else None,
+        "tf32": opts.tf32 if dev.type == "cuda" else None,  # for the timed steps; accuracy: always off
         "cold_compile": opts.cold,
+        "dynamic": opts.dynamic,
+        "workers": opts.workers,
+        "compile_threads": opts.compile_threads,
     }
+
+
+def run_config(
+    name: str,
+    mode: str,
+    config: str,
+    opts: BenchOptions,
+    ref: Reference | None,
+    timed_section: Callable[[], ContextManager[Any]] | None = None,
+) -> dict[str, Any]:
+    """Measure ``name`` in ``mode`` under ``config``; never raises (errors go in the row).
+
+    ``timed_section`` (workers: an exclusive inter-process lock) is held around
+    everything that is timed or counted: warm-up, timed steps, kernel count and peak
+    memory. Building, compiling and the first (accuracy) step run outside it.
+    """
+    from .. import measure
+
+    dev = torch.device(opts.device)
     cfg = CONFIGS[config]
+    row = new_row(name, mode, config, opts)
+    if cfg.cudagraphs:
+        row["cudagraphs"] = None
     if config == "upstream":
         row["upstream_options"] = {k: sorted(v) for k, v in upstream_fusion_options().items()}
     torch._dynamo.reset()
     runner = None
+    timed = timed_section or contextlib.nullcontext
     try:
-        with cold_compile() if opts.cold else warm_compile(), cfg.context():
+        with (
+            cold_compile() if opts.cold else warm_compile(),
+            cfg.context(),
+            cudagraph_watch() as cudagraph_skips,
+            accuracy.tf32_mode(False),
+        ):
             zoo = get_model(name, opts.size, opts.device, opts.seed)
             row["batch_size"] = zoo.batch_size
-            runner = Runner(zoo, cfg.wrap(zoo.model), mode, opts.lr)
+            runner = Runner(zoo, cfg.wrap(zoo.model, **opts.compile_kwargs()), mode, opts.lr, cudagraphs=cfg.cudagraphs)
 
-            # First step: compiles; its outputs and gradients are the parity check.
+            # First step, TF32 off: compiles; its outputs and gradients are the accuracy check.
             measure.synchronize(dev)
             t0 = time.perf_counter()
             if cfg.compiled and dev.type == "cpu":
@@ -276,31 +331,43 @@ def run_config(name: str, mode: str, config: str, opts: BenchOptions, ref: Refer
             measure.synchronize(dev)
             row["first_step_s"] = time.perf_counter() - t0
             if ref is not None:
-                row["parity"] = compare(ref, out, runner.grads() if mode == "train" else None, opts.tolerance)
+                row["parity"] = compare(ref, out, runner.grads() if mode == "train" else None, opts.tolerance(mode))
             if runner.opt is not None:
                 runner.opt.step()
             del out
             row.update(_optimus_summary(runner.fn))
 
-            # Kernels per step.
-            if dev.type == "cuda":
-                runner.step()
-                row["kernels"] = measure.count_kernels(runner.step, dev)
-                row["kernel_method"] = "cuda profiler kernel events per step"
-            elif generated is not None:
-                row["kernels"] = generated + runner.outside_ops()
-                row["kernel_method"] = "cpu: generated loop nests + extern calls + aten ops outside the graph"
-            else:
-                runner.step()
-                row["kernels"] = measure.count_kernels(runner.step, dev)
-                row["kernel_method"] = "cpu: computing aten ops per step"
+            with accuracy.tf32_mode(opts.tf32 and dev.type == "cuda"):
+                if opts.tf32 and dev.type == "cuda" and cfg.compiled:
+                    # Dynamo guards on the TF32 flag: the first step with TF32 on recompiles.
+                    t0 = time.perf_counter()
+                    runner.step()
+                    measure.synchronize(dev)
+                    row["tf32_recompile_s"] = time.perf_counter() - t0
 
-            # Time and memory.
-            ms = measure.median_step_ms(runner.step, dev, warmup=opts.warmup, iters=opts.iters)
+                with timed():
+                    # Kernels per step. CUDA graphs: counted after the timed steps, so the
+                    # profiled step is surely a replay (kernels run while a graph is being
+                    # captured are not executed, hence not seen by the profiler).
+                    count_late = dev.type == "cuda" and cfg.cudagraphs
+                    if not count_late:
+                        _count_kernels(row, runner, dev, generated)
+
+                    # Time and memory.
+                    medians = measure.step_ms_medians(runner.step, dev, warmup=opts.warmup, iters=opts.iters,
+                                                      repeats=opts.repeats)
+                    ms = statistics.median(medians)
+                    if count_late:
+                        _count_kernels(row, runner, dev, generated)
+                    row["peak_memory_bytes"], row["memory_method"] = _peak_memory(runner.step, dev)
             row["step_ms"] = ms
+            if opts.repeats > 1:
+                row["step_ms_repeats"] = medians
+                row["step_ms_spread"] = (max(medians) - min(medians)) / ms if ms > 0 else 0.0
             row["examples_per_s"] = zoo.batch_size / (ms / 1e3)
             row["compile_s"] = max(row["first_step_s"] - ms / 1e3, 0.0) if cfg.compiled else 0.0
-            row["peak_memory_bytes"], row["memory_method"] = _peak_memory(runner.step, dev)
+            if cfg.cudagraphs:
+                row["cudagraphs"] = _cudagraph_status(dev, cudagraph_skips)
             row["status"] = "ok"
     except Exception as e:  # a failing configuration must not lose the other rows
         row["error"] = _describe(e)
@@ -309,6 +376,26 @@ def run_config(name: str, mode: str, config: str, opts: BenchOptions, ref: Refer
         torch._dynamo.reset()
         _release(opts.device)
     return row
+
+
+def _count_kernels(row: dict[str, Any], runner: Runner, dev: torch.device, generated: int | None) -> None:
+    """Kernels per step into ``row`` (see the module docstring for the methods)."""
+    from .. import measure
+
+    if dev.type == "cuda":
+        runner.step()
+        prof = measure.kernel_profile(runner.step, dev)
+        row["kernels"] = prof["count"]
+        row["kernel_device_us"] = prof["device_us"]  # summed kernel time: where a step's device time goes
+        row["top_kernels"] = prof["top"]
+        row["kernel_method"] = "cuda profiler kernel events per step"
+    elif generated is not None:
+        row["kernels"] = generated + runner.outside_ops()
+        row["kernel_method"] = "cpu: generated loop nests + extern calls + aten ops outside the graph"
+    else:
+        runner.step()
+        row["kernels"] = measure.count_kernels(runner.step, dev)
+        row["kernel_method"] = "cpu: computing aten ops per step"
 
 
 def _optimus_summary(fn: Any) -> dict[str, Any]:
@@ -368,10 +455,6 @@ def run(
     that would not finish in time, judged by the longest compiled configuration of the
     same model and mode so far (or once the deadline has passed).
     """
-    dev = torch.device(opts.device)
-    if dev.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = opts.tf32
-        torch.backends.cudnn.allow_tf32 = opts.tf32
     warm_compile_pool(opts.device)
     env = environment(opts.device)
     rows: list[dict[str, Any]] = []

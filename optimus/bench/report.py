@@ -15,7 +15,8 @@ from typing import Any, Sequence
 
 from ..models import MODELS
 from .configs import CONFIG_NAMES
-from .results import empty, load, merge, rows_by, save, speedup, validate
+from .accuracy import RULE_TEXT
+from .results import empty, has_cudagraph_rows, load, merge, row_cells, rows_by, save, table_header, validate
 
 MODE_TITLES = {"train": "Training (forward + backward + SGD step)", "infer": "Inference (forward, no_grad)"}
 
@@ -43,6 +44,21 @@ def provenance(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def accuracy_legend(data: dict[str, Any]) -> list[str]:
+    """What the accuracy column means, for each rule that judged a row of ``data``."""
+    rules = {(r.get("parity") or {}).get("rule", "max-rel") for r in data["rows"].values() if r.get("parity")}
+    lines = []
+    if rules - {"max-rel"}:
+        tols = sorted({r["parity"]["tol"] for r in data["rows"].values() if (r.get("parity") or {}).get("rule")})
+        lines.append("Accuracy (TF32 off; tol " + ", ".join(f"{t:g}" for t in tols) + "): " + RULE_TEXT
+                     + ". The cell gives the worst RMSE(fp64, config) / RMSE(fp64, eager fp32) over the outputs and "
+                     "gradients the RMSE rule judged, and its limit; `allclose`: every tensor within tol of eager fp32.")
+    if "max-rel" in rules:
+        lines.append("`max-rel` cells (older rows): max |config - eager| / max |eager| per tensor, limit 2e-3 "
+                     "(2e-2 with TF32).")
+    return lines
+
+
 def render(data: dict[str, Any]) -> str:
     out: list[str] = []
     out += provenance(data)
@@ -52,37 +68,56 @@ def render(data: dict[str, Any]) -> str:
     if up:
         out += ["", "`upstream` enabled these options: pre-grad " + ", ".join(f"`{n}`" for n in up["pre_grad"])
                 + "; post-grad " + ", ".join(f"`{n}`" for n in up["post_grad"]) + "."]
+    legend = accuracy_legend(data)
+    if legend:
+        out += [""] + legend
+    notes = _run_notes(data)
+    if notes:
+        out += [""] + notes
     grouped = rows_by(data)
+    cg = has_cudagraph_rows(data)
+    header = ["model", *table_header(cg)]
     for mode in ("train", "infer"):
         present = [m for (m, md) in grouped if md == mode]
         models = [m for m in MODELS if m in present] + [m for m in present if m not in MODELS]
         if not models:
             continue
         out += ["", f"### {MODE_TITLES[mode]}", ""]
-        out.append("| model | config | kernels/step | step ms | examples/s | vs eager | vs inductor "
-                   "| peak MiB | compile s | parity (max rel err) |")
-        out.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+        out.append("| " + " | ".join(header) + " |")
+        out.append("|---|---|" + "---:|" * (len(header) - 3) + "---|")
         for model in models:
             cfgs = grouped[(model, mode)]
             order = [c for c in CONFIG_NAMES if c in cfgs] + [c for c in cfgs if c not in CONFIG_NAMES]
             for config in order:
                 row = cfgs[config]
                 if row["status"] != "ok":
-                    out.append(f"| {model} | {config} | {_cell_error(row)} | | | | | | | |")
+                    out.append(f"| {model} | {config} | {_cell_error(row)} |" + " |" * (len(header) - 3))
                     continue
-                p = row.get("parity")
-                parity = "–" if not p else (
-                    f"{'ok' if p['ok'] else '**FAIL**'} ({max(p.get('out_max_rel', 0), p.get('grad_max_rel', 0)):.1e})"
-                )
-                se, si = speedup(row, cfgs.get("eager")), speedup(row, cfgs.get("inductor"))
-                mem = row.get("peak_memory_bytes")
-                out.append(
-                    f"| {model} | {config} | {_fmt(row.get('kernels'), 'd')} | {_fmt(row.get('step_ms'), '.3f')} "
-                    f"| {_fmt(row.get('examples_per_s'), ',.0f')} | {_fmt(se, '.2f')}{'x' if se else ''} "
-                    f"| {_fmt(si, '.2f')}{'x' if si else ''} | {_fmt(None if mem is None else mem / 2**20, ',.0f')} "
-                    f"| {_fmt(row.get('compile_s'), '.1f')} | {parity} |"
-                )
+                cells = row_cells(row, cfgs, cg)
+                cells[-1] = cells[-1].replace("FAIL", "**FAIL**")
+                out.append("| " + " | ".join([model, *cells]) + " |")
     return "\n".join(out) + "\n"
+
+
+def _run_notes(data: dict[str, Any]) -> list[str]:
+    """How the rows were measured, where that is not the plain serial protocol."""
+    rows = list(data["rows"].values())
+    notes = []
+    workers = sorted({r.get("workers") or 1 for r in rows})
+    if workers != [1]:
+        threads = sorted({r.get("compile_threads") for r in rows if (r.get("workers") or 1) > 1} - {None})
+        notes.append("Compile times measured with " + "/".join(map(str, workers)) + " concurrent worker processes"
+                     + (f" ({'/'.join(map(str, threads))} Inductor compile threads each)" if threads else "")
+                     + "; timed sections ran one at a time.")
+    if any(r.get("step_ms_spread") is not None for r in rows):
+        reps = sorted({r.get("repeats") for r in rows if r.get("step_ms_spread") is not None})
+        notes.append("Step ms: the median of " + "/".join(map(str, reps)) + " repeated medians; in brackets the "
+                     "spread (max - min) / median of those medians.")
+    if any(r.get("tf32") for r in rows):
+        notes.append("Steps timed with TF32 matmuls (`--tf32`) where the row says so; accuracy judged with TF32 off.")
+    if any(r.get("dynamic") for r in rows):
+        notes.append("Compiled with `dynamic=True`.")
+    return notes
 
 
 def main(argv: Sequence[str] | None = None) -> int:

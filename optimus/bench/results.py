@@ -113,46 +113,94 @@ def _num(x: Any, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
-def _parity(row: dict[str, Any]) -> str:
+def accuracy_cell(row: dict[str, Any]) -> str:
+    """``ok (allclose)``, ``ok (1.31x <= 2x)`` (worst RMSE ratio against eager fp32, and
+    its limit), ``FAIL (7.10x > 2x, 3 tensors)``; rows of the old max-relative-error rule
+    say ``max-rel``."""
     p = row.get("parity")
     if not p:
         return "-"
-    worst = max(p.get("out_max_rel", 0.0), p.get("grad_max_rel", 0.0))
-    return f"{'ok' if p['ok'] else 'FAIL'} ({worst:.1e})"
+    verdict = "ok" if p["ok"] else "FAIL"
+    if "rule" not in p:  # before the fp64 rule: max |got - eager| / max |eager|
+        worst = max(p.get("out_max_rel", 0.0), p.get("grad_max_rel", 0.0))
+        return f"{verdict} (max-rel {worst:.1e})"
+    ratio, limit = p.get("worst_rmse_ratio"), p.get("worst_multiplier")
+    if ratio is None:
+        detail = "allclose" if p["ok"] else "failed"
+    else:
+        known = isinstance(limit, (int, float)) and limit == limit  # not None, not NaN
+        detail = f"{ratio:.2f}x {'<=' if p['ok'] else '>'} {limit:g}x" if known else f"{ratio:.2f}x"
+    if not p["ok"] and p.get("failed_count"):
+        detail += f", {p['failed_count']} tensor{'s' if p['failed_count'] != 1 else ''}"
+    return f"{verdict} ({detail})"
 
 
-TABLE_HEADER = (
-    "model", "mode", "config", "kernels", "step ms", "examples/s", "vs eager", "vs inductor",
-    "peak MiB", "compile s", "parity (max rel err)",
-)
+def config_cell(row: dict[str, Any]) -> str:
+    """The configuration, with its CUDA-graph status when that is not simply "on"."""
+    status = row.get("cudagraphs")
+    return row["config"] if status in (None, "on") else f"{row['config']} ({status.split(':')[0]})"
+
+
+def step_cell(row: dict[str, Any]) -> str:
+    """The median step time; with repeats, the spread of the repeated medians."""
+    text = _num(row.get("step_ms"), ".3f")
+    if row.get("step_ms_spread") is not None:
+        text += f" ({100 * row['step_ms_spread']:.1f}%)"
+    return text
+
+
+def has_cudagraph_rows(data: dict[str, Any]) -> bool:
+    return any(r.get("config") == "inductor-cudagraphs" for r in data["rows"].values())
+
+
+def _speed(row: dict[str, Any], base: dict[str, Any] | None) -> str:
+    s = speedup(row, base)
+    return _num(s, ".2f") + ("x" if s else "")
+
+
+def row_cells(row: dict[str, Any], configs: dict[str, dict[str, Any]], cudagraph_column: bool) -> list[str]:
+    """The figures of one ok row, in ``table_header`` order after model/mode."""
+    mem = row.get("peak_memory_bytes")
+    cells = [
+        config_cell(row),
+        _num(row.get("kernels"), "d"),
+        step_cell(row),
+        _num(row.get("examples_per_s"), ",.0f"),
+        _speed(row, configs.get("eager")),
+        _speed(row, configs.get("inductor")),
+    ]
+    if cudagraph_column:
+        cells.append(_speed(row, configs.get("inductor-cudagraphs")))
+    cells += [
+        _num(None if mem is None else mem / 2**20, ",.0f"),
+        _num(row.get("compile_s"), ".1f"),
+        accuracy_cell(row),
+    ]
+    return cells
+
+
+def table_header(cudagraph_column: bool) -> list[str]:
+    header = ["config", "kernels", "step ms", "examples/s", "vs eager", "vs inductor"]
+    if cudagraph_column:
+        header.append("vs inductor-cudagraphs")
+    return header + ["peak MiB", "compile s", "accuracy"]
 
 
 def table_rows(data: dict[str, Any]) -> list[list[str]]:
     lines: list[list[str]] = []
+    cg = has_cudagraph_rows(data)
     for (model, mode), configs in rows_by(data).items():
-        eager, inductor = configs.get("eager"), configs.get("inductor")
         for config, row in configs.items():
             if row["status"] != "ok":
                 lines.append([model, mode, config, f"error: {row['error']}"])
                 continue
-            mem = row.get("peak_memory_bytes")
-            lines.append([
-                model, mode, config,
-                _num(row.get("kernels"), "d"),
-                _num(row.get("step_ms"), ".3f"),
-                _num(row.get("examples_per_s"), ",.0f"),
-                _num(speedup(row, eager), ".2f") + ("x" if speedup(row, eager) else ""),
-                _num(speedup(row, inductor), ".2f") + ("x" if speedup(row, inductor) else ""),
-                _num(None if mem is None else mem / 2**20, ",.0f"),
-                _num(row.get("compile_s"), ".1f"),
-                _parity(row),
-            ])
+            lines.append([model, mode, *row_cells(row, configs, cg)])
     return lines
 
 
 def format_table(data: dict[str, Any]) -> str:
     """A fixed-width text table; error rows carry their message in place of the figures."""
-    header = list(TABLE_HEADER)
+    header = ["model", "mode", *table_header(has_cudagraph_rows(data))]
     body = table_rows(data)
     widths = [len(h) for h in header]
     for line in body:

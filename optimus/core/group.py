@@ -1,7 +1,7 @@
 """Group rules: horizontal rewrites that merge N independent, identical ops into one.
 
 A group rule names its anchor ops, a ``key`` (nodes with equal keys may merge: same op,
-shapes, dtypes, devices, arguments), named group conditions (profitability), and a
+shapes, dtypes, devices, arguments), conditions on the group (profitability), and a
 replacement that receives the whole group::
 
     @group_rule(("relu", "tanh"), key=same_shape_key)
@@ -27,20 +27,20 @@ queries, so grouping stays linear in the graph size).
 from __future__ import annotations
 
 import dataclasses
-import inspect
-from typing import Any, Callable, Hashable, Iterable, Sequence
+from typing import Any, Callable, ClassVar, Hashable, Mapping
 
 import torch.fx as fx
 
 from . import collectives
-from .rule import Builder, Rule, condition_reason
+from .rule import Match, Rule, rule_decorator
 from .symbolic import size_hint
 from .view import GraphView
 from .vocab import Call
 
 
-class Group:
-    """The members of one group, plus read-only helpers (like ``Match`` for local rules)."""
+class Group(Match):
+    """The members of one group, plus read-only helpers: the match of a group rule (what its
+    conditions and replacement receive, like ``Match`` for pattern rules)."""
 
     def __init__(self, rule: "GroupRule", members: list[Call], key: Any, view: GraphView, options: dict[str, Any]) -> None:
         self.rule = rule
@@ -54,19 +54,8 @@ class Group:
         return self.members[0].op
 
     @property
-    def nodes(self) -> list[fx.Node]:
+    def nodes(self) -> list[fx.Node]:  # type: ignore[override]
         return [c.node for c in self.members]
-
-    def decline(self, reason: str) -> None:
-        from .rule import Decline
-
-        raise Decline(reason)
-
-    def shape(self, value: Any) -> Any:
-        return self.view.shape(value)
-
-    def dtype(self, value: Any) -> Any:
-        return self.view.dtype(value)
 
     def nbytes(self, value: Any) -> int:
         v = self.view.tensor_val(value)
@@ -75,89 +64,39 @@ class Group:
         return size_hint(v.numel()) * v.element_size()  # no guard on symbolic sizes
 
 
-GroupCondition = Callable[[Group], bool]
-
-
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class GroupRule(Rule):
-    """A horizontal rule. ``pattern``-less: ``key`` selects and buckets candidates."""
+    """A horizontal rule: ``anchors`` and ``key`` select and bucket candidates over the whole
+    graph; conditions and the replacement receive a ``Group``; the replacement returns
+    ``{member node: its replacement}``.
 
-    key: Callable[[Call, GraphView], Hashable | None] = None  # type: ignore[assignment]
-    group_where: tuple[GroupCondition, ...] = ()
-    group_replace: Callable[[Group, Builder], dict[fx.Node, fx.Node]] = None  # type: ignore[assignment]
-    anchor_ops: tuple[str, ...] = ()
+    Driver options (read by ``find_groups``): ``min_group`` (smaller groups are left alone)
+    and ``max_group`` (buckets are cut into groups of at most this many, in graph order).
+    """
+
+    anchors: tuple[str, ...]  # type: ignore[assignment]
+    key: Callable[[Call, GraphView], Hashable | None]
+    kind: str = "horizontal"
+
+    KNOBS: ClassVar[Mapping[str, Any]] = {"min_group": 2, "max_group": 256}
 
     def __post_init__(self) -> None:
-        # A GroupRule has no tree pattern; reuse Rule's checks for kind and levels only.
-        from .rule import KINDS, LEVELS
+        self.anchors = (self.anchors,) if isinstance(self.anchors, str) else tuple(self.anchors)
+        super().__post_init__()
 
-        if self.kind not in KINDS:
-            raise ValueError(f"rule {self.name!r}: kind must be one of {KINDS}")
-        bad = [lv for lv in self.levels if lv not in LEVELS]
-        if bad:
-            raise ValueError(f"rule {self.name!r}: unknown levels {bad}")
-        self.options = {"min_group": 2, "max_group": 256, **self.options}
-
-    @property
-    def anchors(self) -> tuple[str, ...]:
-        return self.anchor_ops
-
-    def fingerprint(self) -> str:
-        import hashlib
-
-        from .rule import _code_fingerprint
-
-        h = hashlib.sha256(self.name.encode())
-        h.update(repr(self.anchor_ops).encode())
-        h.update(repr(sorted(self.options.items())).encode())
-        for fn in (self.key, self.group_replace, *self.group_where):
-            h.update(_code_fingerprint(fn).encode())
-        return h.hexdigest()[:16]
-
-    def conditions_fail(self, group: Group) -> str | None:
-        for cond in self.group_where:
-            if not cond(group):
-                return condition_reason(cond)
-        return None
+    def code(self) -> tuple[Callable[..., Any], ...]:
+        return (*super().code(), self.key)
 
 
-def group_rule(
-    anchors: Sequence[str] | str,
-    *,
-    key: Callable[[Call, GraphView], Hashable | None],
-    where: Iterable[GroupCondition] = (),
-    levels: Sequence[str] = ("torch_ir", "aten_ir"),
-    priority: int = 100,
-    options: dict[str, Any] | None = None,
-    name: str | None = None,
-    register: bool = True,
-    default: bool = True,
-) -> Callable[[Callable[[Group, Builder], dict[fx.Node, fx.Node]]], GroupRule]:
-    """Decorator turning a group replacement into a registered horizontal ``GroupRule``."""
-
-    def wrap(fn: Callable[[Group, Builder], dict[fx.Node, fx.Node]]) -> GroupRule:
-        r = GroupRule(
-            name=name or fn.__name__,
-            pattern=None,  # type: ignore[arg-type]
-            replace=None,  # type: ignore[arg-type]
-            kind="horizontal",
-            levels=tuple(levels),
-            priority=priority,
-            options=dict(options or {}),
-            doc=inspect.getdoc(fn) or "",
-            default=default,
-            key=key,
-            group_where=tuple(where),
-            group_replace=fn,
-            anchor_ops=(anchors,) if isinstance(anchors, str) else tuple(anchors),
-        )
-        if register:
-            from .registry import REGISTRY
-
-            REGISTRY.add(r)
-        return r
-
-    return wrap
+group_rule = rule_decorator(
+    GroupRule,
+    "anchors",
+    fixed={"kind": "horizontal"},
+    name="group_rule",
+    doc="""``@group_rule(anchor_ops, key=..., where=[...], levels=..., priority=..., options=...,
+    knobs={"min_group": ..., "max_group": ...})``: the group replacement
+    ``fn(g, b)`` becomes a registered horizontal ``GroupRule`` (see ``rule.rule_decorator``).""",
+)
 
 
 def depths(graph: fx.Graph) -> dict[fx.Node, int]:
@@ -188,7 +127,7 @@ def find_groups(
     buckets: dict[tuple[Any, int], list[Call]] = {}
     for call in calls if calls is not None else classify_all(view):
         node = call.node
-        if call.op not in rule.anchor_ops:
+        if call.op not in rule.anchors:
             continue
         key = rule.key(call, view)
         if key is None:

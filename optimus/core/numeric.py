@@ -8,12 +8,11 @@ first rewrite after which results differ; its rule is the culprit.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.fx as fx
 
-from .report import GraphReport
 from .view import GraphView
 
 NUMERIC_SKIPPED = "numeric check skipped"  # how a note starts when the check could not run
@@ -73,17 +72,25 @@ def outputs_match(a: Any, b: Any, rtol: float = 1e-4, atol: float = 1e-5) -> boo
     return True
 
 
+Replay = Callable[[fx.GraphModule, "int | None"], list[str]]
+
+
 def find_culprit(
     gm: fx.GraphModule,
     original: Any,
     view: GraphView,
-    rules: list[Any],
+    replay: Replay,
     example_inputs: list[Any] | None,
     max_rewrites: int | None,
 ) -> tuple[bool, str | None, str]:
-    """(results differ?, culprit rule name if found, a note for the report)."""
-    from .driver import Driver, make_view
+    """(results differ?, culprit rule name if found, a note for the report).
 
+    ``original`` is the graph's record from before the rewrites (``GraphRecord``);
+    ``replay(trial, budget)`` rewrites the fresh copy ``trial`` of it as the level did,
+    stopping after ``budget`` rewrites (``None``: the level's own budget), and returns the
+    rule name of each rewrite in order. The driver is deterministic, so the first ``k``
+    rewrites of a replay are the first ``k`` of the level's run.
+    """
     ref_gm = fx.GraphModule(gm, original.materialize())
     inputs = None
     if example_inputs is not None and all(isinstance(t, torch.Tensor) and not _is_fake(t) for t in example_inputs):
@@ -101,15 +108,12 @@ def find_culprit(
 
     def differs_after(k: int) -> bool:
         trial = fx.GraphModule(gm, original.materialize())
-        d = Driver(make_view(view.level, trial), rules, GraphReport(view.level, "bisect"), max_rewrites=k)
-        d.run()
+        replay(trial, k)
         trial.recompile()
         return not outputs_match(expected, _run(trial, inputs))
 
-    full = Driver(make_view(view.level, fx.GraphModule(gm, original.materialize())), rules, GraphReport(view.level, "bisect"), max_rewrites)
-    full.run()
-    lo, hi = 0, len(full.applied)  # results match after lo rewrites, differ after hi
-    applied = full.applied
+    applied = replay(fx.GraphModule(gm, original.materialize()), max_rewrites)
+    lo, hi = 0, len(applied)  # results match after lo rewrites, differ after hi
     if not applied:
         return True, None, "numeric check failed, and no single rewrite could be blamed"
     while hi - lo > 1:

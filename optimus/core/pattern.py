@@ -18,6 +18,11 @@ so the same pattern matches ``torch.cat([*x.split(2, -1)], dim=1)`` at Torch-IR 
 * ``ListOf(p)``: a list/tuple whose every element matches ``p``.
 * ``Lit(v)``: equal to ``v``. ``Alt(p, q)``: the first of ``p``, ``q`` that matches.
 * ``ANY``: anything, not captured.
+
+``.such_that(fn)`` on the root ``Op`` adds a silent filter: ``fn(m)`` receives the rule's
+``Match`` before the rest of the pattern is matched (``m.anchor``, ``m.view``, the root's
+own ``.bind`` capture) and returns what a condition returns; a node turned away by the
+filter is not reported (see ``core.rule``).
 """
 
 from __future__ import annotations
@@ -65,6 +70,10 @@ class Pattern:
 
     def names(self) -> Iterator[str]:
         return iter(())
+
+    def children(self) -> list["Pattern"]:
+        """The sub-patterns this one matches its parts against."""
+        return []
 
 
 class Var(Pattern):
@@ -119,8 +128,8 @@ class Each(Pattern):
         state.bindings.setdefault(self.name, []).append(value)
         return True
 
-    def each_names(self) -> Iterator[str]:
-        yield self.name
+    def children(self) -> list[Pattern]:
+        return [self.inner]
 
     def __repr__(self) -> str:
         return f"each {self.name}"
@@ -142,6 +151,9 @@ class ListOf(Pattern):
         yield from self.element.names()
         yield from _each_names(self.element)
 
+    def children(self) -> list[Pattern]:
+        return [self.element]
+
     def __repr__(self) -> str:
         return f"[{self.element!r}, ...]"
 
@@ -161,6 +173,9 @@ class Alt(Pattern):
     def names(self) -> Iterator[str]:
         for o in self.options:
             yield from o.names()
+
+    def children(self) -> list[Pattern]:
+        return list(self.options)
 
     def __repr__(self) -> str:
         return " | ".join(repr(o) for o in self.options)
@@ -187,7 +202,10 @@ class Op(Pattern):
         return self
 
     def such_that(self, test: Any) -> "Op":
-        """Match only calls for which ``test(call, view)`` holds (a silent filter, not a decline)."""
+        """A silent filter on the root op: the rule matches only where ``test(m)`` is met
+        (``m`` is the rule's ``Match``; ``test`` returns what a condition returns). The rule
+        evaluates it first, on the anchor alone, before the rest of the pattern; nodes it
+        turns away are not reported."""
         self.test = test
         return self
 
@@ -199,8 +217,6 @@ class Op(Pattern):
 
     def match_call(self, call: Call, state: MatchState) -> bool:
         if call.op not in self.ops:
-            return False
-        if self.test is not None and not self.test(call, state.view):
             return False
         if self.capture is not None:
             if self.capture in state.bindings and state.bindings[self.capture] is not call.node:
@@ -218,6 +234,9 @@ class Op(Pattern):
         for p in self.args.values():
             yield from p.names()
 
+    def children(self) -> list[Pattern]:
+        return list(self.args.values())
+
     def __repr__(self) -> str:
         inner = ", ".join(f"{k}={v!r}" for k, v in self.args.items())
         name = self.ops[0] if len(self.ops) == 1 else "|".join(self.ops)
@@ -227,18 +246,8 @@ class Op(Pattern):
 def _each_names(p: Pattern) -> Iterator[str]:
     if isinstance(p, Each):
         yield p.name
-    for child in _children(p):
+    for child in p.children():
         if not isinstance(child, ListOf):  # nested lists collect their own
             yield from _each_names(child)
 
 
-def _children(p: Pattern) -> list[Pattern]:
-    if isinstance(p, Op):
-        return list(p.args.values())
-    if isinstance(p, Alt):
-        return list(p.options)
-    if isinstance(p, Each):
-        return [p.inner]
-    if isinstance(p, ListOf):
-        return [p.element]
-    return []

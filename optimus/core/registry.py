@@ -32,11 +32,15 @@ import dataclasses
 import difflib
 import hashlib
 import json
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from . import upstream_names
-from .rule import KINDS, LEVELS, Rule
+from .levels import LEVELS
 
+if TYPE_CHECKING:
+    from .rule import Rule
+
+KINDS: tuple[str, ...] = ("canonicalize", "vertical", "horizontal")
 PRESETS: dict[str, tuple[str, ...]] = {
     "none": (),
     "vertical": ("canonicalize", "vertical"),
@@ -125,7 +129,8 @@ class PassConfig:
         return [REGISTRY.get(n) for n in self.rules.get(level, ()) if n in REGISTRY]
 
     def options_for(self, level: str, rule: Rule) -> dict[str, Any]:
-        merged = dict(rule.options)
+        """The rule's settings at ``level``: its options and knobs, then what the user set."""
+        merged = rule.option_defaults()
         merged.update(self.options.get((level, rule.name), {}))
         return merged
 
@@ -145,12 +150,11 @@ class PassConfig:
 
 def resolve(passes: Any = "all") -> PassConfig:
     """Turn a user's ``passes`` value into a ``PassConfig`` (see module docstring)."""
-    _load_builtin_rules()
     if isinstance(passes, PassConfig):
         return passes
     if passes is None:
         passes = "all"
-    passes, notes = upstream_names.translate(passes)
+    passes, notes = upstream_names.translate(passes, REGISTRY)
     selected: dict[str, list[str]] = {lv: [] for lv in LEVELS}
     options: dict[tuple[str, str], dict[str, Any]] = {}
     driver = DriverOptions()
@@ -236,12 +240,13 @@ def _select_names(names: list[str], levels: Iterable[str], selected: dict[str, l
 
 
 def _check_options(rule: Rule, given: dict[str, Any]) -> None:
-    unknown = [k for k in given if k not in rule.options]
+    settable = rule.option_defaults()  # the rule's options and its driver's knobs
+    unknown = [k for k in given if k not in settable]
     if unknown:
-        valid = sorted(rule.options) or "none"
+        valid = sorted(settable) or "none"
         raise ValueError(f"rule {rule.name!r} has no option(s) {unknown}; valid options: {valid}")
     for k, v in given.items():
-        default = rule.options[k]
+        default = settable[k]
         if default is not None and not isinstance(v, type(default)) and not (isinstance(default, float) and isinstance(v, int)):
             raise TypeError(f"rule {rule.name!r} option {k!r} must be {type(default).__name__}, got {type(v).__name__}")
 
@@ -251,12 +256,3 @@ def _unknown(what: str, name: Any, valid: list[str]) -> str:
     hint = f" Did you mean: {', '.join(close)}?" if close else ""
     return f"unknown {what} name {name!r}.{hint} Valid names: {', '.join(valid)}"
 
-
-_BUILTINS_LOADED = False
-
-
-def _load_builtin_rules() -> None:
-    global _BUILTINS_LOADED
-    if not _BUILTINS_LOADED:
-        _BUILTINS_LOADED = True
-        from .. import rules  # noqa: F401  (registers the built-in rules)

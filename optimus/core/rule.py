@@ -1,4 +1,17 @@
-"""Rules: a pattern, named conditions and a replacement, written once for every level.
+"""Rules: one protocol for every level (Torch-IR, Aten-IR, Inductor-IR).
+
+Every rule is a ``Rule``: a name, a kind (``canonicalize``, ``vertical``, ``horizontal``),
+the levels it runs at, its anchor ops, a priority, options, conditions, a replacement
+(``replace(m, b)``), a docstring and a fingerprint. Three kinds of rule share it:
+
+==================  =====================  ====================================  =========================
+class               decorator              the match ``m`` the rule receives     built by ``b``
+==================  =====================  ====================================  =========================
+``PatternRule``     ``rule``               ``Match``: one anchor and captures    ``Builder`` (new FX nodes)
+``GroupRule``       ``group.group_rule``   ``Group``: N independent members      ``Builder``
+``FusionRule``      ``inductor_ir.rule.    ``FusionMatch``: scheduler nodes to   ``FusionBuilder`` (a
+                    fusion_rule``          put in one kernel                     fusion decision)
+==================  =====================  ====================================  =========================
 
 ::
 
@@ -8,14 +21,37 @@
         \"\"\"cat(split(x, s, d)[0..n-1], d) -> x\"\"\"
         return m.x
 
-* The pattern's root op is the **anchor**: the driver tries the rule on nodes of that op.
-* ``where`` conditions are plain functions ``(Match) -> bool``; the first that fails
-  becomes the decline reason in the report (its docstring's first line, else its name).
-  The replacement may also call ``m.decline("why")``.
-* The replacement ``(Match, Builder) -> value`` returns the node that replaces the anchor,
-  or a ``{old_node: new_node}`` dict for several replacements, building new ops only
-  through ``Builder`` (which emits the current level's own form). It never edits the
-  graph itself: the driver owns surgery, validation, dead-code removal and rollback.
+**Conditions** (``where=[...]``) are functions of the match. A condition *names what it
+requires* and returns ``True`` (or ``None``) when the rewrite may go ahead; otherwise
+``False``, whose decline reason is the condition's docstring (first line: it states the
+failure, e.g. "the split has users other than getitem"), or a string, which is the
+reason itself. The first unmet condition declines the rewrite and its reason goes to
+the report. The replacement may also decline with ``m.decline("why")``.
+
+**Filters** (``Op(...).such_that(fn)`` on the pattern's root) take the same match and
+return the same values, but stay silent: they say what a rule is about ("a split into
+one section"), not why it declined, so nodes they turn away are not reported. A filter
+runs first, on the anchor alone (``m.anchor``, ``m.view``, the helpers, the root's own
+``.bind`` capture), to turn nodes away before the rest of the pattern is matched;
+conditions run after the whole match and see every capture.
+
+**Priority**: lower runs first (``0`` canonicalizes before everything). It is the rule's
+place in one catalogue, the order ``optimus rules`` lists and the driver tries rules at
+an anchor; MLIR's *benefit* runs the other way (higher first), but there it weighs
+patterns competing for one root, while here the order is global and documented
+(``tests/core/test_registry.py`` checks it ascends), so the numbers were kept.
+
+**Options** are the rule's own settings, read by its conditions and replacement as
+``m.options[...]``. **Knobs** are the per-rule settings the level's *driver* reads for a
+kind of rule (``GroupRule.KNOBS``: ``min_group``, ``max_group``; a fusion rule's depend on
+its pairing: ``max_attempts``, ``max_rounds``, ...): declared by the rule class with their
+defaults, set per rule with ``knobs={...}``, read by the driver. Users set both
+per rule in the same way (``passes={"torch_ir": {"batch_linear": {"min_group": 4}}}``);
+the driver's global options (``passes={"options": {...}}``, ``DriverOptions``) are
+something else: how the driver runs, for every rule.
+
+The replacement never edits the graph itself: the level's driver owns surgery,
+validation, dead-code removal and rollback.
 """
 
 from __future__ import annotations
@@ -23,16 +59,31 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import inspect
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, ClassVar, Iterable, Mapping, NoReturn, Sequence
 
 import torch.fx as fx
 
+from .levels import LEVELS
 from .pattern import MatchState, Op, Pattern
+from .registry import KINDS, REGISTRY
 from .view import GraphView, getitem_users
 from .vocab import DEFAULTS, SCHEMAS, Call, ParamRef
 
-LEVELS: tuple[str, ...] = ("torch_ir", "aten_ir", "inductor_ir")
-KINDS: tuple[str, ...] = ("canonicalize", "vertical", "horizontal")
+__all__ = [
+    "Builder",
+    "Condition",
+    "Decline",
+    "KINDS",
+    "LEVELS",
+    "Match",
+    "PatternRule",
+    "Rule",
+    "condition_reason",
+    "met",
+    "rule",
+    "rule_decorator",
+    "unmet",
+]
 
 
 class Decline(Exception):
@@ -44,7 +95,14 @@ class Decline(Exception):
 
 
 class Match:
-    """What a rule's pattern captured on one anchor, plus read-only graph helpers."""
+    """What a rule matched: the anchor and its pattern's captures, plus read-only graph
+    helpers. Conditions, filters and the replacement receive it (``m``).
+
+    Captures read as attributes (``m.x`` for ``Var("x")``); ``m.anchor`` is the anchor's
+    ``Call``, ``m.view`` the graph view, ``m.options`` the rule's settings (its options and
+    knobs, with what the user set). ``Group`` and ``FusionMatch`` are the matches of
+    group and fusion rules.
+    """
 
     def __init__(self, rule: "Rule", anchor: Call, state: MatchState, options: dict[str, Any]) -> None:
         self.rule = rule
@@ -63,7 +121,7 @@ class Match:
     def __getitem__(self, name: str) -> Any:
         return self.bindings[name]
 
-    def decline(self, reason: str) -> None:
+    def decline(self, reason: str) -> NoReturn:
         raise Decline(reason)
 
     # read-only helpers -------------------------------------------------------
@@ -188,58 +246,193 @@ class Builder:
         raise AttributeError(op)
 
 
-Condition = Callable[[Match], bool]
+Condition = Callable[[Any], "bool | str | None"]
 
 
-@dataclasses.dataclass
+def condition_reason(cond: Callable[..., Any]) -> str:
+    """A condition's decline reason: its docstring's first line, else its name."""
+    doc = inspect.getdoc(cond)
+    return doc.splitlines()[0] if doc else getattr(cond, "__name__", repr(cond)).replace("_", " ")
+
+
+def met(cond: Callable[[Any], Any], match: Any) -> bool:
+    """Does ``cond(match)`` let the rewrite go ahead? (``unmet`` without the reason: filters.)"""
+    result = cond(match)
+    return result is None or result is True or (not isinstance(result, str) and bool(result))
+
+
+def unmet(cond: Callable[[Any], Any], match: Any) -> str | None:
+    """``None`` when ``cond(match)`` lets the rewrite go ahead, else the decline reason.
+
+    ``True`` or ``None``: met. A non-empty string: unmet, with that reason. ``False`` (or
+    any other false value): unmet, with the condition's docstring as the reason.
+    """
+    result = cond(match)
+    if result is None or result is True:
+        return None
+    if isinstance(result, str):
+        return result or condition_reason(cond)
+    return None if result else condition_reason(cond)
+
+
+@dataclasses.dataclass(kw_only=True)
 class Rule:
-    """A named rewrite: anchor pattern, conditions, replacement, and where it applies."""
+    """The protocol every rule follows, whatever its level (see the module docstring).
+
+    Subclasses add what they match on (``PatternRule.pattern``, ``GroupRule.anchors`` and
+    ``key``, ``FusionRule.pairing``) and provide ``anchors``: the canonical ops (or, at
+    Inductor-IR, node kinds) the driver tries the rule on.
+    """
 
     name: str
-    pattern: Op
-    replace: Callable[[Match, Builder], Any]
-    where: tuple[Condition, ...] = ()
+    replace: Callable[..., Any]
     kind: str = "vertical"
     levels: tuple[str, ...] = ("torch_ir", "aten_ir")
-    priority: int = 100
+    priority: int = 100  # lower runs first
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    knobs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    conditions: tuple[Condition, ...] = ()
     doc: str = ""
     default: bool = True  # part of presets and level selections (else only when named)
+
+    #: The per-rule settings the level's driver reads for this kind of rule, with defaults.
+    KNOBS: ClassVar[Mapping[str, Any]] = {}
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "Rule":
+        if cls is Rule:
+            if "pattern" not in kwargs:
+                raise TypeError("Rule is the protocol; build a PatternRule, GroupRule or FusionRule (or use their decorators)")
+            cls = PatternRule  # Rule(pattern=...) built a pattern rule before the kinds shared a base
+        return super().__new__(cls)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"rule {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
+        self.levels = tuple(self.levels)
+        bad = [lv for lv in self.levels if lv not in LEVELS]
+        if bad:
+            raise ValueError(f"rule {self.name!r}: unknown levels {bad}; valid: {LEVELS}")
+        self.conditions = tuple(self.conditions)
+        self.options = dict(self.options or {})
+        knobs = self.knob_defaults()
+        given = dict(self.knobs or {})
+        unknown = sorted(set(given) - set(knobs))
+        if unknown:
+            raise ValueError(
+                f"rule {self.name!r}: {unknown} are not knobs its driver reads; "
+                f"knobs of this rule: {sorted(knobs) or 'none'} (its own options go in options=)"
+            )
+        clash = sorted(set(self.options) & set(knobs))
+        if clash:
+            raise ValueError(f"rule {self.name!r}: {clash} are knobs of its driver; pass them as knobs=")
+        self.knobs = {**knobs, **given}
+
+    # ``anchors``: defined by each kind of rule (a property of the pattern, or a field).
+
+    def knob_defaults(self) -> dict[str, Any]:
+        """The knobs the level's driver reads for this rule, with their defaults."""
+        return dict(self.KNOBS)
+
+    def option_defaults(self) -> dict[str, Any]:
+        """Every setting a user may give this rule (its options and its knobs), with defaults."""
+        return {**self.knobs, **self.options}
+
+    def decline_reason(self, match: Any) -> str | None:
+        """The reason of the first unmet condition (``None`` if all are met)."""
+        for cond in self.conditions:
+            reason = unmet(cond, match)
+            if reason is not None:
+                return reason
+        return None
+
+    def fingerprint(self) -> str:
+        """Changes whenever the rule's code (replacement, conditions, filters, keys),
+        what it matches, or its default options change."""
+        h = hashlib.sha256()
+        h.update(f"{type(self).__name__}:{self.name}:{self.kind}:{self.priority}".encode())
+        h.update(self.structure().encode())
+        h.update(repr(sorted(self.option_defaults().items())).encode())
+        for fn in self.code():
+            h.update(_code_fingerprint(fn).encode())
+        return h.hexdigest()[:16]
+
+    def structure(self) -> str:
+        """What the rule matches, as text (part of the fingerprint)."""
+        return repr(self.anchors)
+
+    def code(self) -> tuple[Callable[..., Any], ...]:
+        """Every function of the rule the driver runs (part of the fingerprint)."""
+        return (self.replace, *self.conditions)
+
+
+@dataclasses.dataclass(kw_only=True)
+class PatternRule(Rule):
+    """A local rule: a pattern tree over the vocabulary whose root op is the anchor.
+
+    The FX driver tries it on nodes of the anchor op, in priority order; the match is a
+    ``Match``, the builder a ``Builder``, the result the node replacing the anchor or an
+    ``{old: new}`` dict.
+    """
+
+    pattern: Op
 
     def __post_init__(self) -> None:
         if not isinstance(self.pattern, Op):
             raise TypeError(f"rule {self.name!r}: the pattern's root must be an Op (the anchor)")
-        if self.kind not in KINDS:
-            raise ValueError(f"rule {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
-        bad = [lv for lv in self.levels if lv not in LEVELS]
-        if bad:
-            raise ValueError(f"rule {self.name!r}: unknown levels {bad}; valid: {LEVELS}")
-        self.where = tuple(self.where)
+        nested = [p for p in _sub_ops(self.pattern) if p.test is not None]
+        if nested:
+            raise ValueError(
+                f"rule {self.name!r}: .such_that() filters go on the pattern's root; bind the sub-pattern "
+                f"(.bind(name)) and test m.<name> in the root's filter (found on {nested[0]!r})"
+            )
+        super().__post_init__()
 
     @property
     def anchors(self) -> tuple[str, ...]:
         return self.pattern.ops
 
-    def match(self, call: Call, view: GraphView, options: dict[str, Any]) -> Match | None:
-        state = MatchState(view)
-        if not self.pattern.match_call(call, state):
+    def match(self, call: Call, view: Any, options: dict[str, Any]) -> Match | None:
+        """The match of the filter and the pattern on ``call``, or ``None`` (silent).
+
+        The filter runs first, on the anchor alone (it sees ``m.anchor``, ``m.view``, the
+        helpers and the root's own ``.bind`` capture), so that it turns nodes away before
+        the rest of the pattern is matched."""
+        pattern = self.pattern
+        if call.op not in pattern.ops:
             return None
-        return Match(self, call, state, options)
+        state = MatchState(view)
+        m = None
+        if pattern.test is not None:
+            if pattern.capture is not None:
+                state.bindings[pattern.capture] = call.node
+            m = Match(self, call, state, options)
+            if not met(pattern.test, m):
+                return None
+        if not pattern.match_call(call, state):
+            return None
+        if m is None:
+            return Match(self, call, state, options)
+        m.bindings, m.nodes = state.bindings, state.nodes  # an Alt may have replaced them
+        return m
 
-    def fingerprint(self) -> str:
-        """Changes whenever the rule's code, conditions or default options change."""
-        h = hashlib.sha256()
-        h.update(self.name.encode())
-        h.update(repr(self.pattern).encode())
-        h.update(repr(sorted(self.options.items())).encode())
-        for fn in (self.replace, *self.where):
-            h.update(_code_fingerprint(fn).encode())
-        return h.hexdigest()[:16]
+    def structure(self) -> str:
+        return repr(self.pattern)
+
+    def code(self) -> tuple[Callable[..., Any], ...]:
+        test = (self.pattern.test,) if self.pattern.test is not None else ()
+        return (*super().code(), *test)
 
 
-def condition_reason(cond: Condition) -> str:
-    doc = inspect.getdoc(cond)
-    return doc.splitlines()[0] if doc else cond.__name__.replace("_", " ")
+def _sub_ops(pattern: Pattern) -> list[Op]:
+    """The ``Op``s strictly below ``pattern``'s root."""
+    found: list[Op] = []
+    stack = list(pattern.children())
+    while stack:
+        p = stack.pop()
+        if isinstance(p, Op):
+            found.append(p)
+        stack.extend(p.children())
+    return found
 
 
 def _code_fingerprint(fn: Callable[..., Any]) -> str:
@@ -252,42 +445,41 @@ def _code_fingerprint(fn: Callable[..., Any]) -> str:
         return repr((code.co_code, code.co_consts, code.co_names))
 
 
-def rule(
-    pattern: Op,
-    *,
-    where: Iterable[Condition] = (),
-    kind: str = "vertical",
-    levels: Sequence[str] = ("torch_ir", "aten_ir"),
-    priority: int = 100,
-    options: dict[str, Any] | None = None,
-    name: str | None = None,
-    register: bool = True,
-    default: bool = True,
-) -> Callable[[Callable[[Match, Builder], Any]], Rule]:
-    """Decorator turning a replacement function into a ``Rule`` (and registering it).
+def rule_decorator(cls: type[Rule], subject: str, *, fixed: Mapping[str, Any] | None = None, name: str = "rule", doc: str = "") -> Callable[..., Callable[[Callable[..., Any]], Any]]:
+    """The decorator of one kind of rule: ``@decorator(what, where=[...], **fields)``.
 
-    Registered rules join the registry at once: every later ``optimus.compile`` /
-    ``optimus.optimize`` whose pass selection includes the rule's kind and level uses
-    it, and the compile cache key changes with it.
+    ``what`` (the pattern, or a group rule's anchor ops) becomes the field ``subject``;
+    ``where`` the conditions; ``name`` defaults to the function's name and ``doc`` to its
+    docstring; every other keyword is a field of ``cls`` (``kind``, ``levels``,
+    ``priority``, ``options``, ``knobs``, ``default``, and the kind's own).
+    ``fixed`` are fields the kind sets itself. The rule joins the registry at once
+    (``register=False`` to build it only): every later ``optimus.compile`` whose passes
+    include its kind and level uses it, and the compile-cache key changes with it.
     """
+    fixed = dict(fixed or {})
 
-    def wrap(fn: Callable[[Match, Builder], Any]) -> Rule:
-        r = Rule(
-            name=name or fn.__name__,
-            pattern=pattern,
-            replace=fn,
-            where=tuple(where),
-            kind=kind,
-            levels=tuple(levels),
-            priority=priority,
-            options=dict(options or {}),
-            doc=inspect.getdoc(fn) or "",
-            default=default,
-        )
-        if register:
-            from .registry import REGISTRY
+    def decorator(what: Any, /, *, where: Iterable[Condition] = (), name: str | None = None, register: bool = True, **fields: Any) -> Callable[[Callable[..., Any]], Any]:
+        clash = sorted(set(fields) & set(fixed))
+        if clash:
+            raise TypeError(f"{decorator.__name__}() sets {', '.join(clash)} itself")
 
-            REGISTRY.add(r)
-        return r
+        def wrap(fn: Callable[..., Any]) -> Any:
+            r = cls(name=name or fn.__name__, replace=fn, conditions=tuple(where), doc=inspect.getdoc(fn) or "", **{subject: what}, **fixed, **fields)
+            if register:
+                REGISTRY.add(r)
+            return r
 
-    return wrap
+        return wrap
+
+    decorator.__name__ = decorator.__qualname__ = name
+    decorator.__doc__ = doc
+    return decorator
+
+
+rule = rule_decorator(
+    PatternRule,
+    "pattern",
+    name="rule",
+    doc="""``@rule(pattern, where=[...], kind=..., levels=..., priority=..., options=...)``:
+    the replacement ``fn(m, b)`` becomes a registered ``PatternRule`` (see ``rule_decorator``).""",
+)

@@ -202,9 +202,6 @@ class AliasAnalysis:
     def is_mutated(self, node: fx.Node) -> bool:
         return bool(self.mutated) and self.find(node) in self.mutated_roots
 
-    def same_class(self, a: fx.Node, b: fx.Node) -> bool:
-        return self.find(a) is self.find(b)
-
     def visible_outputs(self) -> list[fx.Node]:
         """Graph outputs callers see (all, unless the view says only the first k)."""
         outputs: list[fx.Node] = []

@@ -45,13 +45,6 @@ def known_sizes_eq(a: Sequence[Any] | None, b: Sequence[Any] | None) -> bool:
     return all(known_eq(x, y) for x, y in zip(a, b))
 
 
-def known_sum(values: Sequence[Any]) -> Any:
-    total: Any = 0
-    for v in values:
-        total = total + v
-    return total
-
-
 def size_hint(value: Any) -> int:
     """An int for a size without adding a guard: the value, or a SymInt's example hint
     (for cost estimates only; never for decisions that change results)."""

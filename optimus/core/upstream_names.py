@@ -22,6 +22,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterable
 
+from .levels import LEVELS
+
 PRE_GRAD = "pre_grad_fusion_options"
 POST_GRAD = "post_grad_fusion_options"
 LEVEL_OF = {PRE_GRAD: "torch_ir", POST_GRAD: "aten_ir"}
@@ -160,13 +162,12 @@ def expand(name: str, levels: Iterable[str]) -> list[tuple[str, str]]:
     return [(alias.level, rule) for rule in alias.rules]
 
 
-def alias_notes(names: Iterable[Any]) -> list[str]:
-    """Report lines for the upstream names among ``names``: what each runs."""
-    from .registry import REGISTRY
-
+def alias_notes(names: Iterable[Any], registry: Any) -> list[str]:
+    """Report lines for the upstream names among ``names``: what each runs (``registry``:
+    the rule registry, whose names win over upstream's)."""
     notes = []
     for name in dict.fromkeys(n for n in names if isinstance(n, str)):
-        if name in REGISTRY or not is_upstream_name(name):
+        if name in registry or not is_upstream_name(name):
             continue  # an Optimus name (batch_linear is both: Optimus's wins)
         alias = lookup(name)
         ran = ", ".join(alias.rules) if alias.rules else "nothing"
@@ -174,25 +175,24 @@ def alias_notes(names: Iterable[Any]) -> list[str]:
     return notes
 
 
-def translate_options(owner: str, rules: tuple[str, ...], given: dict[str, Any], notes: list[str]) -> dict[str, dict[str, Any]]:
+def translate_options(owner: str, rules: tuple[str, ...], given: dict[str, Any], notes: list[str], registry: Any) -> dict[str, dict[str, Any]]:
     """Upstream (or Optimus) option names given for ``owner`` -> options per Optimus rule.
 
     Renamed options go to the rules that have them; ignored ones add a note; an
-    option none of the rules has is a ``ValueError`` listing what is understood.
+    option none of the rules has is a ``ValueError`` listing what is understood. A rule
+    "has" its own options and its driver's knobs (``min_group`` is a group rule's knob).
     """
-    from .registry import REGISTRY
-
     per_rule: dict[str, dict[str, Any]] = {r: {} for r in rules}
     for key, value in given.items():
         ours = OPTION_RENAMES.get(key, key)
-        targets = [r for r in rules if r in REGISTRY and ours in REGISTRY.get(r).options]
+        targets = [r for r in rules if r in registry and ours in registry.get(r).option_defaults()]
         if targets:
             for r in targets:
                 per_rule[r][ours] = value
         elif key in IGNORED_OPTIONS:
             notes.append(f"{owner}: upstream option {key}={value!r} ignored: {IGNORED_OPTIONS[key]}")
         else:
-            valid = sorted({o for r in rules if r in REGISTRY for o in REGISTRY.get(r).options})
+            valid = sorted({o for r in rules if r in registry for o in registry.get(r).option_defaults()})
             upstream = sorted(k for k, v in OPTION_RENAMES.items() if v in valid)
             raise ValueError(
                 f"{owner!r} has no option {key!r}; it takes {', '.join(valid) or 'no options'}"
@@ -202,7 +202,7 @@ def translate_options(owner: str, rules: tuple[str, ...], given: dict[str, Any],
     return per_rule
 
 
-def translate(passes: Any) -> tuple[Any, list[str]]:
+def translate(passes: Any, registry: Any) -> tuple[Any, list[str]]:
     """``passes`` with every upstream-form part in Optimus's form, and report notes.
 
     Returns ``passes`` itself when it holds nothing of upstream's. Names in strings and
@@ -211,12 +211,11 @@ def translate(passes: Any) -> tuple[Any, list[str]]:
     become per-level entries, and options are renamed.
     """
     if isinstance(passes, str):
-        return passes, alias_notes([passes])
+        return passes, alias_notes([passes], registry)
     if isinstance(passes, (list, tuple, set, frozenset)):
-        return passes, alias_notes(passes)
+        return passes, alias_notes(passes, registry)
     if not isinstance(passes, dict):
         return passes, []
-    from .registry import LEVELS, REGISTRY
 
     notes: list[str] = []
     out: dict[str, Any] = {}
@@ -243,7 +242,7 @@ def translate(passes: Any) -> tuple[Any, list[str]]:
             return
         if opts is not True and not isinstance(opts, dict):
             raise TypeError(f"upstream pass {name!r} takes a dict of options (or {{}}), got {opts!r}")
-        per_rule = translate_options(name, alias.rules, opts if isinstance(opts, dict) else {}, notes)
+        per_rule = translate_options(name, alias.rules, opts if isinstance(opts, dict) else {}, notes, registry)
         for rule in alias.rules:
             add(alias.level, rule, per_rule[rule] or True)
         ran = ", ".join(alias.rules) if alias.rules else "nothing"
@@ -262,13 +261,13 @@ def translate(passes: Any) -> tuple[Any, list[str]]:
                 out[key] = value  # resolve() reports the bad type
                 continue
             for name, opts in items:
-                if isinstance(name, str) and name not in REGISTRY and is_upstream_name(name):
+                if isinstance(name, str) and name not in registry and is_upstream_name(name):
                     changed = True
                     expand(name, (key,))  # the level must be upstream's own for the name
                     add_upstream(name, opts, None)
-                elif isinstance(opts, dict) and isinstance(name, str) and name in REGISTRY and any(k in OPTION_RENAMES or k in IGNORED_OPTIONS for k in opts):
+                elif isinstance(opts, dict) and isinstance(name, str) and name in registry and any(k in OPTION_RENAMES or k in IGNORED_OPTIONS for k in opts):
                     changed = True
-                    add(key, name, translate_options(name, (name,), opts, notes)[name] or True)
+                    add(key, name, translate_options(name, (name,), opts, notes, registry)[name] or True)
                 else:
                     add(key, name, opts)
         elif key in LEVEL_OF:

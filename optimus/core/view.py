@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.fx as fx
@@ -137,9 +137,6 @@ class GraphView:
     def device(self, node: Any) -> torch.device | None:
         v = self.tensor_val(node)
         return v.device if v is not None else None
-
-    def is_tensor(self, value: Any) -> bool:
-        return isinstance(value, fx.Node) and self.tensor_val(value) is not None
 
     # ------------------------------------------------------------ classification
     def classify(self, node: fx.Node) -> Call | None:
@@ -385,10 +382,6 @@ def _clamp_slice(start: Any, end: Any, size: Any) -> tuple[Any, Any]:
     return start, end
 
 
-def users_in_order(node: fx.Node) -> list[fx.Node]:
-    return sorted(node.users, key=lambda u: u._sort_key)
-
-
 def getitem_users(node: fx.Node) -> dict[int, list[fx.Node]] | None:
     """For a multi-output node: index -> getitem users. ``None`` if any other kind of use."""
     out: dict[int, list[fx.Node]] = {}
@@ -415,13 +408,3 @@ def num_outputs(view: "GraphView", node: fx.Node) -> int | None:
     if call is not None and call.op == "split" and isinstance(call.args["sizes"], list):
         return len(call.args["sizes"])
     return None
-
-
-def map_nodes(value: Any, fn: Callable[[fx.Node], Any]) -> Any:
-    return fx.node.map_arg(value, fn)
-
-
-def input_nodes(value: Any) -> Iterable[fx.Node]:
-    found: list[fx.Node] = []
-    fx.node.map_arg(value, lambda n: found.append(n))
-    return found

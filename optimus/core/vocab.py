@@ -1,6 +1,6 @@
 """The canonical op vocabulary every rule is written against.
 
-A graph view (Torch-IR, Aten-IR, and later Inductor-IR) classifies each node into a
+A graph view (Torch-IR, Aten-IR; Inductor-IR adds its node kinds) classifies each node into a
 ``Call``: a canonical op name plus its arguments under canonical names, whatever spelling
 the node used (``torch.concat`` or ``Tensor.split`` or ``aten.split_with_sizes``,
 positional or keyword, negative or non-negative dims). Rules only ever see ``Call``s, and

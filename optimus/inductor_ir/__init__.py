@@ -3,11 +3,11 @@
 * ``view.SchedulerView``: scheduler nodes as canonical ``Call``s (kinds ``pointwise``,
   ``reduction``, ``template``, ``extern``, ``nop``, ``combo``, ``composite``), plus
   reads/writes, iteration sizes and dependency reachability;
-* ``rule.FusionRule`` / ``fusion_rule``: rules deciding which nodes become one kernel,
-  registered in the shared registry (``levels=("inductor_ir",)``);
+* ``rule.FusionRule`` / ``fusion_rule``: the Inductor-IR kind of rule (a ``PatternRule``
+  deciding which nodes become one kernel), registered in the shared registry
+  (``levels=("inductor_ir",)``); the built-in ones are in ``optimus/rules/kernel_fusion.py``;
 * ``passes``: the driver inside Inductor's ``_pre_fusion_custom_pass`` /
-  ``_post_fusion_custom_pass`` hooks (legality, rollback, report, cache keys);
-* ``rules``: the built-in rules.
+  ``_post_fusion_custom_pass`` hooks (legality, rollback, report, cache keys).
 
 ``scheduler_patches(session)`` is what ``optimus.compile`` merges into Inductor's config
 patches when the ``inductor_ir`` level has rules enabled. See docs/inductor-ir.md.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Collection, Iterable, Iterator
 
 import torch
 
@@ -155,9 +155,21 @@ def combo_backend(scheduler: Any, device: Any) -> Any:
     return triton
 
 
-def trial_combo_codegen(scheduler: Any, members: list[Any]) -> None:
+def trial_combo_codegen(scheduler: Any, members: list[Any], removed_later: Iterable[str] = ()) -> list[list[Any]]:
     """Generate (not compile) the combo kernel's source, as Inductor's combo benchmark
-    does, to find out now whether codegen would fail; raises if it would."""
+    does, to find out now whether codegen would fail; raises if it would.
+
+    Returns Inductor's partition of ``members`` into launches (``ComboKernel.horizontal_partition``:
+    pointwise kernels, short reductions, long reductions and kernels with a different
+    number of tiling dimensions get separate launches). Only partitions of two or more
+    members are generated here (Inductor's trial skips single ones), so a member left
+    alone was not checked and saves no launch.
+
+    ``removed_later`` are buffers that Inductor's codegen of earlier nodes will mark
+    removed (``codegen_replacements``); the trial sees them as removed already, so a
+    member reading one fails here (``KernelArgs.input``'s assertion) and not in the
+    real codegen. Every piece of graph state the trial changes is restored.
+    """
     device = members[0].get_device()
     triton = combo_backend(scheduler, device)
     if triton is None:
@@ -165,6 +177,7 @@ def trial_combo_codegen(scheduler: Any, members: list[Any]) -> None:
     graph = V.graph
     removed, inplaced = graph.removed_buffers, graph.inplaced_to_remove
     graph.removed_buffers = type(removed)(removed)
+    graph.removed_buffers.update(removed_later)
     graph.inplaced_to_remove = type(inplaced)(inplaced)
     kwargs: dict[str, Any] = {
         "subkernel_nodes": list(members),
@@ -182,11 +195,79 @@ def trial_combo_codegen(scheduler: Any, members: list[Any]) -> None:
     try:
         for h in holders:
             h.current_device = device
-        triton.generate_combo_kernel_code(**kwargs)
+        code = triton.generate_combo_kernel_code(**kwargs)
     finally:
         graph.removed_buffers, graph.inplaced_to_remove = removed, inplaced
         for h, prior in priors:
             h.current_device = prior
+    partitions = []
+    for entry in code or ():
+        try:
+            partitions.append(list(entry[2]))
+        except Exception:  # another return layout: one launch for all, as before
+            return [list(members)]
+    return partitions or [list(members)]
+
+
+# --- what Inductor's codegen removes, known before codegen -----------------------------
+
+
+def _is_kind(node: Any, class_name: str) -> bool:
+    return any(c.__name__ == class_name for c in type(node).__mro__)
+
+
+def codegen_replacements(node: Any) -> tuple[set[str], set[str]]:
+    """``(buffers, ops)``: what generating ``node`` removes, and the other nodes' operations
+    its code takes over. Empty for every node but split mix-order reductions.
+
+    A mix-order reduction (``FusedMixOrderReductions``: a row reduction and a column
+    reduction of one tensor, as in LayerNorm's backward, in one kernel; CUDA/XPU only)
+    whose column reduction was split in two stages (``ir.Reduction`` splits long
+    reductions: stage 1 writes partial sums ``P``, stage 2 ``F`` sums them) computes
+    ``F`` itself after its kernel. Its codegen (``SIMDScheduling._codegen_mix_order_reduction``,
+    torch 2.11, 2.13 and 2.15) then adds ``P`` to ``V.graph.removed_buffers`` and ``F`` (the
+    first user of ``P``) to ``scheduler.removed_ops``. ``codegen_node`` skips the
+    operations in ``removed_ops``; combo-kernel codegen does not, so a combo member
+    holding ``F`` reads the removed ``P``: ``AssertionError: P`` in ``KernelArgs.input``.
+
+    When the node's layout is not the one described (another torch), every buffer it
+    writes is reported (the exclusion Inductor's own combo grouping applies: no combo
+    member reads a mix-order node's output) and no operation.
+    """
+    if not _is_kind(node, "FusedMixOrderReductions"):
+        return set(), set()
+    try:
+        reductions = [s for s in node.node2.get_nodes() if s.is_reduction()]
+        # codegen decides on the first reduction of the column-reduction side
+        if not reductions or not getattr(reductions[0].node, "_split_size", None):
+            return set(), set()
+        buffers: set[str] = set()
+        ops: set[str] = set()
+        for s in reductions:
+            out = s.get_outputs()[0]
+            buffers.add(out.get_name())
+            if out.users:
+                ops.add(out.users[0].node.get_name())
+        return buffers, ops
+    except Exception:
+        return set(call_safely(node.get_buffer_names, ())), set()
+
+
+def removed_buffers() -> set[str]:
+    """``V.graph.removed_buffers`` now (buffers Inductor already dropped, e.g. dead ones)."""
+    return set(call_safely(lambda: V.graph.removed_buffers, ()))
+
+
+def removable_through_fusion(scheduler: Any, name: str, op_names: Collection[str]) -> bool:
+    """Would a kernel made of ``op_names`` drop buffer ``name`` as kernel-local (every user
+    inside it; ``Kernel.remove_kernel_local_buffers``)? False when this torch cannot tell."""
+    fn = getattr(scheduler, "can_buffer_be_removed_through_fusion", None)
+    if fn is None:
+        return False
+    try:
+        return bool(fn(name, op_names))
+    except Exception:
+        return False
 
 
 def combinable(node: Any) -> bool:

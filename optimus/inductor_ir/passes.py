@@ -8,12 +8,16 @@ and ``config._post_fusion_custom_pass(nodes)`` right after it. Optimus installs 
   untouched and reported (``unknown node type <T>``);
 * each enabled ``FusionRule`` for that hook runs in priority order; the driver owns the
   legality checks (same device, no dependency path, no cycle, Inductor's own
-  ``can_fuse``) and the fusion itself (Inductor's ``fuse_two_nodes`` / combo nodes),
-  records matches, declines (with reasons) and errors in the report;
+  ``can_fuse``, and for combo kernels ``legality``'s member checks and a trial codegen)
+  and the fusion itself (Inductor's ``fuse_two_nodes`` / combo nodes), records matches,
+  declines (with reasons) and errors in the report; nodes Inductor generates no kernel
+  for (``legality.generates_no_kernel``) are no rule's candidates;
 * at the end the node list is re-sorted topologically and verified (every original
-  IR operation present exactly once, every dependency before its user); if anything
-  raised or the check fails, the scheduler's bookkeeping is restored and the original
-  list is returned unchanged.
+  IR operation present exactly once, every dependency before its user, and no read
+  that Inductor's codegen of the list would fail on: ``legality.new_problems``); if
+  anything raised or the check fails, the scheduler's bookkeeping is restored and the
+  original list is returned unchanged (a failed legality check is reported as
+  ``plan refused by the legality check (PlanRefused: <reads>)``).
 
 Fusion rules run after Inductor's fusion (``post_fusion``): Inductor re-sorts nodes and
 redoes its own fusion decisions, so merging before it would only constrain it. The
@@ -34,16 +38,21 @@ import time
 import weakref
 from typing import Any
 
+from ..core import logs
 from ..core.passkey import UuidKeyed
 from ..core.report import GraphReport, RuleStats
-from ..core.rule import Decline, condition_reason
-from . import compat
+from ..core.rule import Decline
+from . import compat, legality
 from .rule import ComboAction, FuseAction, FusionBuilder, FusionMatch, FusionRule
 from .view import SchedulerView
 
 log = logging.getLogger("optimus")
 
 MAX_NOTES_PER_RULE = 12
+LEFT_ALONE = (
+    "Inductor's combo codegen would launch it on its own (it partitions pointwise kernels, "
+    "short and long reductions and tilings into separate launches)"
+)
 
 
 # ----------------------------------------------------------------------- pass objects
@@ -86,9 +95,13 @@ def _graph_report(session: Any, scheduler: Any) -> GraphReport:
     st = _state(session)
     gr = st.graphs.get(scheduler)
     if gr is None:
-        kind = compat.graph_kind()
-        gr = session.report.new_graph("inductor_ir", f"{kind} {st.counter[kind]}")
-        st.counter[kind] += 1
+        # named like the graph's other levels when the compile names it (optimus.compile)
+        name = getattr(session, "current_graph", lambda: None)()
+        if name is None:
+            kind = compat.graph_kind()
+            name = f"{kind} {st.counter[kind]}"
+            st.counter[kind] += 1
+        gr = session.report.new_graph("inductor_ir", name)
         st.graphs[scheduler] = gr
     return gr
 
@@ -139,8 +152,9 @@ def run_hook(session: Any, hook: str, nodes: list[Any]) -> list[Any]:
                 compat.restore_state(scheduler, saved)
             except Exception:  # pragma: no cover
                 log.exception("optimus: could not restore the scheduler state")
-        log.warning("optimus: inductor_ir %s pass failed and was rolled back: %s: %s", hook, type(e).__name__, e)
-        gr.notes.append(f"{hook} pass rolled back ({type(e).__name__}: {e}); Inductor's own node list is used")
+        what = "plan refused by the legality check" if isinstance(e, PlanRefused) else "pass rolled back"
+        log.warning("optimus: inductor_ir %s %s: %s: %s", hook, what, type(e).__name__, e)
+        gr.notes.append(f"{hook} {what} ({type(e).__name__}: {e}); Inductor's own node list is used")
         for r, _ in rules:
             gr.stats(r.name)  # make the rules visible in the report
         first = rules[0][0].name
@@ -149,12 +163,17 @@ def run_hook(session: Any, hook: str, nodes: list[Any]) -> list[Any]:
     gr.time_s += time.perf_counter() - t0
     if hook == "post_fusion":
         gr.nodes_after = len(out)
+        logs.graph_finished(gr)
     return out
 
 
 # ------------------------------------------------------------------------ the driver
 class _StateError(RuntimeError):
     """A fusion failed half-way: the scheduler's bookkeeping may be inconsistent."""
+
+
+class PlanRefused(RuntimeError):
+    """The final node list breaks an invariant Inductor's codegen relies on (``legality``)."""
 
 
 class Driver:
@@ -171,6 +190,14 @@ class Driver:
         self.max_actions = max_actions
         self.actions = 0
         self.notes: collections.Counter[str] = collections.Counter()
+        self._facts: legality.CodegenFacts | None = None
+
+    @property
+    def facts(self) -> legality.CodegenFacts:
+        """What Inductor's codegen of the original list will drop (computed once)."""
+        if self._facts is None:
+            self._facts = legality.CodegenFacts.collect(self.original)
+        return self._facts
 
     # ------------------------------------------------------------------- top level
     def run(self) -> list[Any]:
@@ -208,7 +235,11 @@ class Driver:
                 stats.time_s += time.perf_counter() - t0
 
     def verify(self, out: list[Any], original: list[Any]) -> None:
-        """Every original operation appears once; every dependency precedes its user."""
+        """Every original operation appears once; every dependency precedes its user; and
+        no kernel reads a buffer that Inductor's codegen of the list before it drops, nor
+        is a combo kernel of members that are not independent or not plainly generated
+        (``legality.new_problems``: only problems Inductor's own list does not have).
+        Raises ``PlanRefused`` (or RuntimeError) naming the first problems."""
         if not self.created:
             return
 
@@ -231,6 +262,10 @@ class Driver:
                 j = index.get(id(p))
                 if j is None or j >= i:
                     raise RuntimeError(f"{n.get_name()} runs before its producer {p.get_name()}")
+        problems = legality.new_problems(self.scheduler, original, out, self.facts)
+        if problems:
+            more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+            raise PlanRefused("; ".join(p.detail for p in problems[:3]) + more)
 
     # ----------------------------------------------------------------- helpers
     def _budget_left(self) -> bool:
@@ -255,12 +290,20 @@ class Driver:
         return call.op
 
     def _conditions(self, rule: FusionRule, m: FusionMatch) -> None:
-        for cond in rule.where:
-            if not cond(m):
-                raise Decline(condition_reason(cond))
+        reason = rule.decline_reason(m)
+        if reason is not None:
+            raise Decline(reason)
 
-    def _candidates(self, rule: FusionRule, options: dict[str, Any]) -> list[Any]:
-        return [n for n in self.view.nodes if rule.candidate(self.view.classify(n), self.view, options)]
+    def _candidates(self, rule: FusionRule, options: dict[str, Any], stats: RuleStats) -> list[Any]:
+        out = []
+        for n in self.view.nodes:
+            if not rule.candidate(self.view.classify(n), self.view, options):
+                continue
+            if legality.generates_no_kernel(n, self.facts):
+                stats.decline(n.get_name(), legality.NO_KERNEL)
+                continue
+            out.append(n)
+        return out
 
     def _pair_check(self, a: Any, b: Any) -> None:
         """Structural legality of putting independent ``a`` and ``b`` in one launch."""
@@ -288,7 +331,12 @@ class Driver:
         if combo and not self._combo_possible(rule, stats):
             return
         buckets: dict[Any, list[Any]] = {}
-        for n in self._candidates(rule, options):
+        for n in self._candidates(rule, options, stats):
+            if combo:
+                problem = legality.combo_member_problem(n, self.facts)
+                if problem is not None:
+                    stats.decline(n.get_name(), problem.reason)
+                    continue
             try:
                 key = rule.bucket(self.view.classify(n), self.view)  # type: ignore[misc]
             except Exception:
@@ -302,7 +350,7 @@ class Driver:
             fused_names: set[str] = set()
             if len(members) < 2:
                 for n in members:
-                    stats.decline(n.get_name(), "no independent kernel with the same iteration space" if not combo else "no other candidate on its device")
+                    stats.decline(n.get_name(), "no independent kernel with the same iteration space" if not combo else "no other candidate of its kind on its device")
                 continue
             pending = sorted(members, key=lambda n: self.view.order(n))
             while len(pending) > 1 and self._budget_left():
@@ -354,8 +402,8 @@ class Driver:
                     if not combo:
                         fused_names.update(n.get_name() for n in group)
                         self._note(rule, f"{' + '.join(n.get_name() for n in group)} -> one kernel ({self._describe(target)})")
-                    elif self._make_combo(rule, group, stats, reasons, options):
-                        fused_names.update(n.get_name() for n in group)
+                    else:
+                        fused_names.update(n.get_name() for n in self._make_combo(rule, group, stats, reasons, options))
                 pending = rest
             for name, reason in reasons.items():
                 if name not in fused_names:
@@ -378,14 +426,31 @@ class Driver:
             return False
         return True
 
-    def _make_combo(self, rule: FusionRule, group: list[Any], stats: RuleStats, reasons: dict[str, str], options: dict[str, Any]) -> bool:
+    def _make_combo(self, rule: FusionRule, group: list[Any], stats: RuleStats, reasons: dict[str, str], options: dict[str, Any]) -> list[Any]:
+        """Make ``group`` (or the part of it Inductor launches as one kernel) one combo
+        node; returns the members combined (none if declined, with reasons)."""
+        problems = legality.combo_problems(group, self.facts)
+        if problems:
+            for n in group:
+                reasons[n.get_name()] = f"combo kernel refused: {problems[0].reason}"
+            return []
         if options.get("verify_codegen", True):
             try:
-                compat.trial_combo_codegen(self.scheduler, group)
+                partitions = compat.trial_combo_codegen(self.scheduler, group, removed_later=self.facts.dropped)
             except Exception as e:
                 for n in group:
                     reasons[n.get_name()] = f"combo kernel codegen failed: {type(e).__name__}: {str(e)[:120]}"
-                return False
+                return []
+            # Inductor launches each partition separately and skips single ones in the
+            # trial: keep the largest launch, the others stay as they were
+            launch = max(partitions, key=len)
+            kept = {id(n) for n in launch} if len(launch) > 1 else set()
+            for n in group:
+                if id(n) not in kept:
+                    reasons[n.get_name()] = LEFT_ALONE
+            group = [n for n in group if id(n) in kept]
+            if not group:
+                return []
         if options.get("benchmark", False):
             fn = getattr(self.scheduler, "speedup_by_combo_kernel", None)
             if fn is not None:
@@ -394,7 +459,7 @@ class Driver:
                 if not faster:
                     for n in group:
                         reasons[n.get_name()] = "benchmark: the combo kernel is not faster"
-                    return False
+                    return []
         try:
             node = compat.make_combo(self.scheduler, group)
             self.created.append(node)
@@ -409,7 +474,7 @@ class Driver:
         stats.removed += len(group)
         stats.added += 1
         self._note(rule, f"{' + '.join(n.get_name() for n in group)} -> one combo launch ({', '.join(self._describe(n) for n in group)})")
-        return True
+        return group
 
     # ------------------------------------------------------------ producer/consumer
     def _producer_consumer(self, rule: FusionRule, options: dict[str, Any], stats: RuleStats) -> None:
@@ -418,7 +483,7 @@ class Driver:
         refused: dict[tuple[int, int], str] = {}  # Inductor's answer only depends on the two nodes
         scores: dict[tuple[int, int], Any] = {}
         for _ in range(rounds):
-            cands = {id(n) for n in self._candidates(rule, options)}
+            cands = {id(n) for n in self._candidates(rule, options, stats)}
             pairs = []
             for b in self.view.nodes:
                 if id(b) not in cands:

@@ -1,49 +1,51 @@
-"""Fusion rules: Inductor-IR rules written like the FX-level ones.
+"""Fusion rules: the Inductor-IR kind of rule, in the protocol every level shares.
 
 A rule at Torch-IR or Aten-IR rewrites one anchor node into new nodes. At Inductor-IR
 the unit of change is a *decision*: which scheduler nodes become one kernel. A
-``FusionRule`` therefore keeps the FX rule's parts and meaning -- a name, a pattern
-over the canonical vocabulary (here the scheduler-node kinds of ``view.KIND_SCHEMAS``),
-named conditions whose docstrings become decline reasons, a replacement that builds
-through a builder, kind, priority, options -- and adds how candidates pair up:
+``FusionRule`` is a ``PatternRule`` (``optimus.core.rule``) -- a name, a pattern over the
+canonical vocabulary (here the scheduler-node kinds of ``view.KIND_SCHEMAS``), conditions
+whose docstrings become decline reasons, a silent ``.such_that`` filter, a replacement
+that builds through a builder, kind, priority, options, knobs -- and adds how
+candidates pair up:
 
 ``pairing="independent"``
     Candidates matching the pattern are bucketed (default: by iteration space,
     ``(device, numel, rnumel)``); within a bucket the driver grows groups greedily in
     schedule order. ``m.group`` is the group so far, ``m.candidate`` the node to add.
+    Knob: ``max_attempts`` (candidates tried per group).
 ``pairing="producer_consumer"``
     Pairs ``(m.producer, m.consumer)`` where the consumer reads a buffer the producer
     writes, best pairs first (Inductor's own fusion score), repeated to a fixpoint.
+    Knobs: ``max_rounds``, ``relaxed`` (waive Inductor's fusion heuristics).
 ``pairing="combo"``
     Like ``independent`` but the group becomes one combo (foreach) launch of separate
-    sub-kernels instead of one fused loop nest (GPU backends only).
+    sub-kernels instead of one fused loop nest (GPU backends only). Default buckets:
+    ``(device, kind)``, since Inductor launches pointwise kernels and reductions apart.
+    Knobs: ``max_attempts``, ``verify_codegen``, ``benchmark``.
 
 The replacement ``replace(m, b)`` returns ``b.fuse(*nodes)`` (one kernel) or
 ``b.combo(*nodes)`` (one launch), or ``None``/``m.decline(...)`` to keep them apart.
 The driver (``optimus.inductor_ir.passes``) owns every legality check -- same device,
 no dependency path between independent nodes, no cycle, Inductor's own ``can_fuse``
 (node kinds, templates, loop shapes, tiling) -- and performs the fusion with
-Inductor's own primitives; a rule only decides what is worth fusing.
-
-::
+Inductor's own primitives; a rule only decides what is worth fusing. The built-in
+rules are in ``optimus/rules/kernel_fusion.py``::
 
     @fusion_rule(Op(("pointwise", "reduction")), pairing="independent", kind="horizontal",
-                 where=[within_size_cap], options={"max_kernels": 8})
+                 where=[_within_max_kernels], options={"max_kernels": 8})
     def fuse_independent_kernels(m, b):
         \"\"\"k1: for i in I: a[i] = f(x[i]);  k2: for i in I: c[i] = g(y[i])
               -> k: for i in I: a[i] = f(x[i]); c[i] = g(y[i])\"\"\"
-        return b.fuse(*m.nodes)
+        return b.fuse(m.target, m.candidate)
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import inspect
 from typing import Any, Callable, Hashable, Iterable, Sequence
 
-from ..core.pattern import MatchState, Op
-from ..core.rule import Decline, Match, Rule, _code_fingerprint
+from ..core.pattern import MatchState
+from ..core.rule import Decline, Match, PatternRule, rule_decorator
 from ..core.vocab import Call
 from . import view as _view  # noqa: F401  (registers the scheduler-node kinds)
 
@@ -142,87 +144,68 @@ class FusionMatch(Match):
         return sum(self.view.members(n) for n in parts) + self.view.members(self.candidate)
 
 
-Condition = Callable[[FusionMatch], bool]
-
-
 def _default_bucket(pairing: str) -> Callable[[Call, Any], Hashable]:
     if pairing == "independent":
         return lambda call, view: view.iteration_key(call.node)
     if pairing == "combo":
-        return lambda call, view: call.get("device")
+        # Inductor's combo codegen launches pointwise kernels and reductions separately
+        return lambda call, view: (call.get("device"), call.op)
     return lambda call, view: None
 
 
-@dataclasses.dataclass
-class FusionRule(Rule):
+_PAIRING_KNOBS: dict[str, dict[str, Any]] = {
+    "independent": {"max_attempts": 64},
+    "producer_consumer": {"max_rounds": 10, "relaxed": False},
+    "combo": {"max_attempts": 64, "verify_codegen": True, "benchmark": False},
+}
+
+
+@dataclasses.dataclass(kw_only=True)
+class FusionRule(PatternRule):
     """A rule deciding which scheduler nodes become one kernel (or one launch)."""
 
+    kind: str = "horizontal"
+    levels: tuple[str, ...] = ("inductor_ir",)
     pairing: str = "independent"
     hook: str = "post_fusion"
     bucket: Callable[[Call, Any], Hashable] | None = None
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         if self.pairing not in PAIRINGS:
             raise ValueError(f"fusion rule {self.name!r}: pairing must be one of {PAIRINGS}, got {self.pairing!r}")
         if self.hook not in HOOKS:
             raise ValueError(f"fusion rule {self.name!r}: hook must be one of {HOOKS}, got {self.hook!r}")
+        super().__post_init__()
         if tuple(self.levels) != ("inductor_ir",):
             raise ValueError(f"fusion rule {self.name!r} runs at inductor_ir only, not {self.levels}")
         if self.bucket is None:
             self.bucket = _default_bucket(self.pairing)
 
+    def knob_defaults(self) -> dict[str, Any]:
+        return dict(_PAIRING_KNOBS[self.pairing])
+
     def candidate(self, call: Call | None, view: Any, options: dict[str, Any]) -> bool:
-        """Does this node's call match the rule's pattern (anchor kind and filters)?"""
+        """Does this node's call match the rule's pattern (anchor kind and filter)?"""
         if call is None:
             return False
-        return self.pattern.match_call(call, MatchState(view))
+        return self.match(call, view, options) is not None
 
-    def fingerprint(self) -> str:
-        h = hashlib.sha256(super().fingerprint().encode())
-        h.update(f"{self.pairing}:{self.hook}".encode())
-        if self.bucket is not None:
-            h.update(_code_fingerprint(self.bucket).encode())
-        return h.hexdigest()[:16]
+    def structure(self) -> str:
+        return f"{super().structure()} pairing={self.pairing} hook={self.hook}"
+
+    def code(self) -> tuple[Callable[..., Any], ...]:
+        return (*super().code(), self.bucket)
 
 
-def fusion_rule(
-    pattern: Op,
-    *,
-    pairing: str = "independent",
-    where: Iterable[Condition] = (),
-    kind: str = "horizontal",
-    hook: str = "post_fusion",
-    priority: int = 100,
-    options: dict[str, Any] | None = None,
-    bucket: Callable[[Call, Any], Hashable] | None = None,
-    name: str | None = None,
-    register: bool = True,
-) -> Callable[[Callable[[FusionMatch, FusionBuilder], Any]], FusionRule]:
-    """Decorator turning a replacement into a registered Inductor-IR ``FusionRule``."""
-
-    def wrap(fn: Callable[[FusionMatch, FusionBuilder], Any]) -> FusionRule:
-        r = FusionRule(
-            name=name or fn.__name__,
-            pattern=pattern,
-            replace=fn,
-            where=tuple(where),
-            kind=kind,
-            levels=("inductor_ir",),
-            priority=priority,
-            options=dict(options or {}),
-            doc=inspect.getdoc(fn) or "",
-            pairing=pairing,
-            hook=hook,
-            bucket=bucket,
-        )
-        if register:
-            from ..core.registry import REGISTRY
-
-            REGISTRY.add(r)
-        return r
-
-    return wrap
+fusion_rule = rule_decorator(
+    FusionRule,
+    "pattern",
+    fixed={"levels": ("inductor_ir",)},
+    name="fusion_rule",
+    doc="""``@fusion_rule(pattern, pairing=..., where=[...], kind=..., hook=..., priority=...,
+    options=..., knobs=..., bucket=...)``: the replacement ``fn(m, b)`` becomes a registered
+    Inductor-IR ``FusionRule`` (see ``optimus.core.rule.rule_decorator``).""",
+)
 
 
 __all__ = ["ComboAction", "Decline", "FuseAction", "FusionBuilder", "FusionMatch", "FusionRule", "fusion_rule"]

@@ -138,9 +138,6 @@ class SchedulerView:
     def type_name(self, node: Any) -> str:
         return type(node).__name__
 
-    def is_known(self, node: Any) -> bool:
-        return type(node) in self._types
-
     def classify(self, node: Any) -> Call | None:
         """The node as a canonical ``Call`` (op = its kind), or ``None`` if its type is unknown."""
         hit = self._calls.get(id(node))
@@ -320,10 +317,6 @@ class SchedulerView:
         self.nodes.insert(min(pos, len(self.nodes)), new)
         self.reach.contract(old, new)
 
-    def set_order(self, nodes: list[Any]) -> None:
-        self.nodes = list(nodes)
-
-
 class Reachability:
     """Ancestor sets of the current node list as bitsets, kept exact under fusion.
 
@@ -412,7 +405,7 @@ class Reachability:
         Fusing a producer ``a`` into a consumer ``b`` is only acyclic when every path
         from ``a`` to ``b`` is the direct edge.
         """
-        abit, bbit = self.bit[id(a)], self.bit[id(b)]
+        abit = self.bit[id(a)]
         between = self.anc[id(b)] & ~abit
         for key, x_anc in self.anc.items():
             if key in (id(a), id(b)):

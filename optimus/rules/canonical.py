@@ -12,12 +12,13 @@ from typing import Any
 import torch.fx as fx
 
 from ..core.pattern import Op
-from ..core.rule import rule
+from ..core.rule import Match, rule
 from ..core.view import is_int, num_outputs
 from ..core.vocab import Call
 
 
-def _needs_canonical_form(call: Call, view: Any) -> bool:
+def _needs_canonical_form(m: Match) -> bool:
+    call, view = m.anchor, m.view
     if not _resolved(call, view):
         return False  # sizes or dims unknown (no shapes, or symbolic): nothing to gain
     if isinstance(call.args.get("tensors"), fx.Node):

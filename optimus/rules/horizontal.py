@@ -1,7 +1,7 @@
 """Horizontal rules: N independent, identical ops become one batched op.
 
 Each rule is a ``group_rule``: a ``key`` (what must match for ops to merge: op,
-shapes, dtypes, devices, every other argument), a profitability condition, and a
+shapes, dtypes, devices, every other argument), a profitability check, and a
 replacement that stacks the members' operands, runs one op, and unbinds the result. The
 stacks and unbinds it adds are glue that the vertical rules remove where the operands
 already lie side by side in one tensor (chunks of a split, parts of an unbind).
@@ -101,7 +101,7 @@ def _linear_key(call: Call, view: GraphView) -> Hashable:
     return ("linear", _sig(view, x), _sig(view, w), bias is not None and _sig(view, bias))
 
 
-@group_rule("linear", key=_linear_key, priority=110, options={"min_group": 2, "max_stack_bytes": MAX_STACK_BYTES})
+@group_rule("linear", key=_linear_key, priority=110, options={"max_stack_bytes": MAX_STACK_BYTES})
 def batch_linear(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     """Linears of identical shapes on different inputs become one batched matmul.
 
@@ -143,7 +143,7 @@ def _linear_lhs_key(call: Call, view: GraphView) -> Hashable:
     return ("linear_lhs", id(x), wsig[1][1], wsig[2], wsig[3], bias is not None)
 
 
-@group_rule("linear", key=_linear_lhs_key, priority=105, options={"min_group": 2, "max_stack_bytes": MAX_STACK_BYTES})
+@group_rule("linear", key=_linear_lhs_key, priority=105, options={"max_stack_bytes": MAX_STACK_BYTES})
 def batch_linear_lhs(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     """Linears reading the same input become one linear on concatenated weights.
 
@@ -176,7 +176,7 @@ def _layer_norm_key(call: Call, view: GraphView) -> Hashable:
     return ("layer_norm", _sig(view, a["input"]), tuple(a["normalized_shape"]), a["eps"], _sig(view, a["weight"]), _sig(view, a["bias"]))
 
 
-@group_rule("layer_norm", key=_layer_norm_key, levels=("torch_ir",), priority=120, options={"min_group": 2, "max_stack_bytes": MAX_STACK_BYTES})
+@group_rule("layer_norm", key=_layer_norm_key, levels=("torch_ir",), priority=120, options={"max_stack_bytes": MAX_STACK_BYTES})
 def batch_layer_norm(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     """LayerNorms of one normalized shape become one LayerNorm plus one affine.
 
@@ -230,7 +230,7 @@ def _pointwise_key(call: Call, view: GraphView) -> Hashable:
     return tuple(parts)
 
 
-@group_rule(BATCHABLE_POINTWISE, key=_pointwise_key, priority=130, options={"min_group": 3, "max_stack_bytes": MAX_STACK_BYTES})
+@group_rule(BATCHABLE_POINTWISE, key=_pointwise_key, priority=130, options={"max_stack_bytes": MAX_STACK_BYTES}, knobs={"min_group": 3})
 def batch_pointwise(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     """Identical elementwise ops on different tensors become one op on their stack.
 
@@ -263,7 +263,7 @@ def _mm_key(call: Call, view: GraphView) -> Hashable:
     return (call.op, sigs, a.get("beta", 1), a.get("alpha", 1))
 
 
-@group_rule(("mm", "addmm"), key=_mm_key, levels=("aten_ir",), priority=110, options={"min_group": 2, "max_stack_bytes": MAX_STACK_BYTES})
+@group_rule(("mm", "addmm"), key=_mm_key, levels=("aten_ir",), priority=110, options={"max_stack_bytes": MAX_STACK_BYTES})
 def batch_mm(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     """Matmuls of identical shapes become one batched matmul (Aten-IR, forward and backward).
 
@@ -284,8 +284,3 @@ def batch_mm(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
         bias = b.unsqueeze(bias, 1)
     a0 = g.members[0].args
     return _unbind_results(g, b, b.baddbmm(bias, x, w, a0.get("beta", 1), a0.get("alpha", 1)))
-
-
-def _is_static(view: GraphView, node: Any) -> bool:
-    shape = view.shape(node)
-    return shape is not None and all(is_int(s) for s in shape)

@@ -86,14 +86,14 @@ def _sites(m) -> tuple[str, list[_Site]] | str:
     return reason
 
 
-def _has_candidate(call, view) -> bool:
+def _has_candidate(m) -> bool:
     """Silent filter: a split of at least 2 chunks whose first chunk feeds a pointwise op."""
-    n = num_outputs(view, call.node)
+    n = num_outputs(m.view, m.split)
     if n is None or n < 2:
         return False
-    for user in call.node.users:
+    for user in m.split.users:
         for u in user.users:
-            c = view.classify(u)
+            c = m.call(u)
             if c is not None and is_pointwise(c.op):
                 return True
     return False
@@ -188,9 +188,9 @@ def _concat_operands(m, b, operands, rank):
 
 
 # --------------------------------------------------------------------------- einsum
-def _is_bmm_like_einsum(call, view):
-    eq = call.args.get("equation")
-    ops = call.args.get("operands")
+def _is_bmm_like_einsum(m):
+    eq = m.anchor.args.get("equation")
+    ops = m.anchor.args.get("operands")
     if not isinstance(eq, str) or not isinstance(ops, list) or len(ops) != 2:
         return False
     return _einsum_letters(eq) is not None
@@ -228,9 +228,9 @@ def einsum_to_pointwise(m, b):
 
 
 # ------------------------------------------------------------ pointwise after a cat
-def _unary_after_cat(call, view):
-    src = call.args.get("input")
-    c = view.classify(src) if isinstance(src, fx.Node) else None
+def _unary_after_cat(m):
+    src = m.anchor.args.get("input")
+    c = m.call(src)
     return c is not None and c.op == "cat" and len(src.users) == 1
 
 
@@ -246,8 +246,8 @@ def sink_pointwise_into_cat(m, b):
     return b.cat([b.emit(m.anchor.op, t) for t in m.tensors], m.dim)
 
 
-def _inactive(call, view):
-    return call.args.get("training") is False or call.args.get("p") == 0
+def _inactive(m):
+    return m.anchor.args.get("training") is False or m.anchor.args.get("p") == 0
 
 
 @rule(Op("dropout", Var("x"), ANY, ANY).such_that(_inactive), priority=15)

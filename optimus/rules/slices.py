@@ -9,9 +9,9 @@ from ..core.view import is_int
 from ._facts import covers, dim_size, segment_of
 
 
-def _slices_a_range_on_same_dim(call, view):
-    a = call.args
-    seg = segment_of(view, a["input"])
+def _slices_a_range_on_same_dim(m):
+    a = m.anchor.args
+    seg = segment_of(m.view, a["input"])
     return seg is not None and seg.dim == a["dim"] and a["step"] == 1 and is_int(a["start"]) and is_int(a["end"])
 
 
@@ -29,9 +29,9 @@ def fold_slice_of_range(m, b):
     return b.slice(seg.source, m.dim, start, end)
 
 
-def _selects_from_a_range_on_same_dim(call, view):
-    a = call.args
-    seg = segment_of(view, a["input"])
+def _selects_from_a_range_on_same_dim(m):
+    a = m.anchor.args
+    seg = segment_of(m.view, a["input"])
     return seg is not None and seg.dim == a["dim"] and is_int(a["index"]) and a["index"] >= 0
 
 
@@ -45,9 +45,9 @@ def fold_select_of_range(m, b):
     return b.select(seg.source, m.dim, seg.start + m.index)
 
 
-def _full_range(call, view):
-    a = call.args
-    return a.get("step", 1) == 1 and known_eq(a["start"], 0) and known_eq(a["end"], dim_size(view, a["input"], a["dim"]))
+def _full_range(m):
+    a = m.anchor.args
+    return a.get("step", 1) == 1 and known_eq(a["start"], 0) and known_eq(a["end"], dim_size(m.view, a["input"], a["dim"]))
 
 
 @rule(Op("slice", Var("x"), ANY, ANY, ANY, ANY).such_that(_full_range), priority=15)

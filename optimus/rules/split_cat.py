@@ -28,8 +28,8 @@ def _only_getitem_users(m):
     return m.getitems(m.split) is not None
 
 
-def _one_section(call, view):
-    sizes = call.args["sizes"]
+def _one_section(m):
+    sizes = m.anchor.args["sizes"]
     return isinstance(sizes, list) and len(sizes) == 1
 
 
@@ -57,11 +57,11 @@ def split_cat_to_identity(m, b):
     return m.x
 
 
-def _has_adjacent_run(call, view):
-    tensors, dim = call.args["tensors"], call.args["dim"]
+def _has_adjacent_run(m):
+    tensors, dim = m.anchor.args["tensors"], m.anchor.args["dim"]
     if not isinstance(tensors, list) or not is_int(dim):
         return False
-    segs = [segment_of(view, t) for t in tensors]
+    segs = [segment_of(m.view, t) for t in tensors]
     return any(j - i >= 2 and segs[i] is not None for i, j in adjacent_runs(segs, dim))
 
 
@@ -104,11 +104,11 @@ def _shape_emittable(m):
     return emittable_shape(m.shape(m.x)) is not None
 
 
-def _cat_dim_differs(call, view):
-    tensors = call.args["tensors"]
-    first = view.classify(tensors[0]) if isinstance(tensors, list) and tensors and isinstance(tensors[0], fx.Node) else None
-    split = view.classify(first.args["input"]) if first is not None and first.op == "getitem" else None
-    return split is not None and split.op == "split" and split.args["dim"] != call.args["dim"]
+def _cat_dim_differs(m):
+    tensors = m.anchor.args["tensors"]
+    first = m.call(tensors[0]) if isinstance(tensors, list) and tensors and isinstance(tensors[0], fx.Node) else None
+    split = m.call(first.args["input"]) if first is not None and first.op == "getitem" else None
+    return split is not None and split.op == "split" and split.args["dim"] != m.anchor.args["dim"]
 
 
 @rule(
@@ -149,7 +149,7 @@ def _stacked_equal_chunks(call, view):
     return None
 
 
-@rule(Op(STACK_SPELLINGS).such_that(lambda c, v: _stacked_equal_chunks(c, v) is not None), priority=30)
+@rule(Op(STACK_SPELLINGS).such_that(lambda m: _stacked_equal_chunks(m.anchor, m.view) is not None), priority=30)
 def split_stack_to_view(m, b):
     """Stacking every chunk of an equal split is a reshape (and a permute).
 
@@ -167,8 +167,8 @@ def split_stack_to_view(m, b):
     return y if d == e else b.permute(y, permute_for_movedim(len(shape) + 1, d, e))
 
 
-def _sizes_all_one(call, view):
-    sizes = call.args["sizes"]
+def _sizes_all_one(m):
+    sizes = m.anchor.args["sizes"]
     return isinstance(sizes, list) and len(sizes) > 1 and all(s == 1 for s in sizes)
 
 

@@ -35,9 +35,9 @@ def _range_of(b, m, source, dim, start, count):
     return b.slice(source, dim, start, start + count)
 
 
-def _stacks_consecutive_parts(call, view):
-    stacked = stack_of(view, call)
-    return stacked is not None and _consecutive_parts(view, stacked[0]) is not None
+def _stacks_consecutive_parts(m):
+    stacked = stack_of(m.view, m.anchor)
+    return stacked is not None and _consecutive_parts(m.view, stacked[0]) is not None
 
 
 @rule(Op(STACK_SPELLINGS).such_that(_stacks_consecutive_parts), priority=30)
@@ -55,8 +55,8 @@ def unbind_stack_to_view(m, b):
     return y if d == e else b.permute(y, permute_for_movedim(m.rank(x), d, e))
 
 
-def _cats_consecutive_parts(call, view):
-    return stack_of(view, call) is None and _consecutive_parts(view, call.args["tensors"]) is not None
+def _cats_consecutive_parts(m):
+    return stack_of(m.view, m.anchor) is None and _consecutive_parts(m.view, m.anchor.args["tensors"]) is not None
 
 
 @rule(Op("cat", Var("tensors"), Var("cat_dim")).such_that(_cats_consecutive_parts), priority=30)
@@ -76,10 +76,10 @@ def unbind_cat_to_view(m, b):
     return b.reshape(y, shape)
 
 
-def _unbinds_a_stack_on_its_dim(call, view):
-    src = call.args["input"]
-    stacked = stack_of(view, view.classify(src)) if isinstance(src, fx.Node) else None
-    return stacked is not None and stacked[1] == call.args["dim"] and getitem_users(call.node) is not None
+def _unbinds_a_stack_on_its_dim(m):
+    src = m.anchor.args["input"]
+    stacked = stack_of(m.view, m.call(src)) if isinstance(src, fx.Node) else None
+    return stacked is not None and stacked[1] == m.anchor.args["dim"] and getitem_users(m.unbind) is not None
 
 
 def _stack_keeps_dtypes(m):
@@ -99,11 +99,11 @@ def stack_unbind_to_inputs(m, b):
     return {g: items[i] for i, users in m.getitems(m.unbind).items() for g in users}
 
 
-def _selects_from_a_stack_on_its_dim(call, view):
-    src = call.args["input"]
-    stacked = stack_of(view, view.classify(src)) if isinstance(src, fx.Node) else None
-    i = call.args["index"]
-    return stacked is not None and stacked[1] == call.args["dim"] and isinstance(i, int) and 0 <= i < len(stacked[0])
+def _selects_from_a_stack_on_its_dim(m):
+    src = m.anchor.args["input"]
+    stacked = stack_of(m.view, m.call(src)) if isinstance(src, fx.Node) else None
+    i = m.anchor.args["index"]
+    return stacked is not None and stacked[1] == m.anchor.args["dim"] and isinstance(i, int) and 0 <= i < len(stacked[0])
 
 
 @rule(Op("select", Var("stacked"), ANY, Var("index")).such_that(_selects_from_a_stack_on_its_dim), where=[_stack_keeps_dtypes], priority=20)

@@ -11,8 +11,8 @@ RESHAPES = ("view", "reshape")
 PERMUTES = ("permute", "transpose")
 
 
-def _same_shape_as_input(call, view):
-    return known_sizes_eq(view.shape(call.node), view.shape(call.args["input"]))
+def _same_shape_as_input(m):
+    return known_sizes_eq(m.shape(m.anchor.node), m.shape(m.anchor.args["input"]))
 
 
 @rule(Op(RESHAPES, Var("x"), ANY).such_that(_same_shape_as_input), priority=15)
@@ -65,12 +65,12 @@ def _as_permutation(call, rank):
     return order
 
 
-def _identity_permutation(call, view):
-    rank = view.rank(call.args["input"])
+def _identity_permutation(m):
+    rank = m.rank(m.anchor.args["input"])
     if rank is None:
         return False
     try:
-        return _as_permutation(call, rank) == list(range(rank))
+        return _as_permutation(m.anchor, rank) == list(range(rank))
     except (TypeError, IndexError):
         return False
 
@@ -142,7 +142,7 @@ def _inserted_unit_dim(call, view):
     return None
 
 
-@rule(Op(RESHAPES, Var("x"), ANY).such_that(lambda call, view: _inserted_unit_dim(call, view) is not None), kind="canonicalize", priority=5)
+@rule(Op(RESHAPES, Var("x"), ANY).such_that(lambda m: _inserted_unit_dim(m.anchor, m.view) is not None), kind="canonicalize", priority=5)
 def reshape_to_unsqueeze(m, b):
     """A reshape that only inserts a size-1 dim is an unsqueeze (so stack patterns see it).
 

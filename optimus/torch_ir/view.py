@@ -18,6 +18,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..core.levels import register_view
 from ..core.view import REQUIRED, GraphView, bind, is_int
 from ..core.vocab import MULTI_OUTPUT, SCHEMAS, UNARY_POINTWISE, ParamRef
 
@@ -420,3 +421,6 @@ def _tensor_index(src: fx.Node, index: Any) -> tuple[str, dict[str, Any]] | None
     if is_int(entry):
         return "select", {"input": src, "dim": dim, "index": entry}
     return None
+
+
+register_view("torch_ir", TorchIRView)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import optimus
 from optimus import measure, safety_net
-from optimus.core.driver import restore, snapshot
+from optimus.core.snapshot import restore, snapshot
 
 
 class Tower(torch.nn.Module):

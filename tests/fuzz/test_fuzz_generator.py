@@ -14,8 +14,8 @@ import sys
 import pytest
 import torch
 
-from optimus import fuzz
-from optimus.fuzz import Case, InputSpec, Stmt, combine, generate, shrink
+from optimus.tools import fuzz
+from optimus.tools.fuzz import Case, InputSpec, Stmt, combine, generate, shrink
 
 N = 600  # programs for the coverage statistics (about 5 s)
 
@@ -200,9 +200,9 @@ def test_generator_is_deterministic():
 
 
 def test_generator_is_deterministic_across_processes():
-    """``python -m optimus.fuzz --list`` in another interpreter, with another hash seed,
+    """``python -m optimus.tools.fuzz --list`` in another interpreter, with another hash seed,
     prints the same programs (this also checks the module entry point)."""
-    cmd = [sys.executable, "-m", "optimus.fuzz", "--list", "--cases", "25", "--seed", "3"]
+    cmd = [sys.executable, "-m", "optimus.tools.fuzz", "--list", "--cases", "25", "--seed", "3"]
     out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONHASHSEED="12345"), timeout=600)
     assert out.returncode == 0, out.stderr
     here = []

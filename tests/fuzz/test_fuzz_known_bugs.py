@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from optimus.fuzz import InputSpec, check_source
+from optimus.tools.fuzz import InputSpec, check_source
 
 
 def assert_clean(problem: str | None) -> None:

@@ -13,7 +13,7 @@ import re
 import pytest
 
 import optimus
-from optimus import fuzz
+from optimus.tools import fuzz
 from optimus.core.pattern import Each, ListOf, Op, Var
 from optimus.core.registry import REGISTRY
 from optimus.core.view import num_outputs

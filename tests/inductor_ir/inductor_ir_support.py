@@ -8,9 +8,10 @@ same compilation (C++ compiles dominate the run time on small machines).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -170,3 +171,69 @@ def scenario(name: str, passes: Any) -> Run:
 def eager(name: str) -> tuple[Any, list[Any]]:
     fn, make_inputs, grad = SCENARIOS[name]
     return run_eager(fn, make_inputs(), grad)
+
+
+# ------------------------------------------------------- GPU-only scheduler paths on CPU
+class FakeGpuUnsupported(RuntimeError):
+    """This torch's GPU-only scheduler code is not laid out as ``fake_gpu_on_cpu`` expects."""
+
+
+@contextlib.contextmanager
+def fake_gpu_on_cpu() -> Iterator[None]:
+    """Schedule CPU graphs as Inductor schedules them for an H200, without a GPU.
+
+    Inductor's Triton backend generates the CPU kernels (``cpu_backend="triton"``); the
+    GPU-only scheduler paths are opened (``is_gpu``, the mix-order reduction's CUDA/XPU
+    check) and reductions are split for 132 SMs; every generated Triton kernel becomes a
+    no-op (nothing is compiled or run by Triton: outputs are garbage, codegen is real);
+    Optimus's combo rule accepts CPU nodes. Undone on exit.
+    """
+    from torch._inductor import async_compile, ir
+    from torch._inductor import config as inductor_config
+    from torch._inductor import scheduler as sched
+
+    from optimus.inductor_ir import compat
+    from optimus.rules import kernel_fusion as rules
+
+    if not hasattr(sched, "MixOrderReduction") or not hasattr(inductor_config.triton, "mix_order_reduction_split_size"):
+        raise FakeGpuUnsupported("this torch has no mix-order reductions")
+    saved: list[tuple[Any, str, Any]] = []
+
+    def put(obj: Any, name: str, value: Any) -> None:
+        old = obj.__dict__[name] if isinstance(obj, type) and name in obj.__dict__ else getattr(obj, name)
+        saved.append((obj, name, old))
+        setattr(obj, name, value)
+
+    if hasattr(sched, "_is_gpu_triton_backend"):  # torch 2.13
+        put(sched, "_is_gpu_triton_backend", lambda node1, node2: True)
+    else:  # torch 2.11: the device check is inline in MixOrderReduction.can_fuse
+        fn = sched.MixOrderReduction.can_fuse.__func__
+        consts = fn.__code__.co_consts
+        if ("cuda", "xpu") not in consts:
+            raise FakeGpuUnsupported("this torch's mix-order device check is not the one this helper opens")
+        opened = tuple(("cuda", "xpu", "cpu") if c == ("cuda", "xpu") else c for c in consts)
+        put(fn, "__code__", fn.__code__.replace(co_consts=opened))
+    put(sched.BaseSchedulerNode, "is_gpu", lambda self: True)
+    put(torch.utils._triton, "triton_hash_with_backend", lambda: "NO-TRITON-BACKEND")
+    create = ir.DeviceProperties.create
+    put(ir.DeviceProperties, "create", staticmethod(lambda device: create(device)._replace(multi_processor_count=132)))
+
+    class NoKernel:
+        def run(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+    put(async_compile.AsyncCompile, "triton", lambda self, *args, **kwargs: NoKernel())
+
+    def combo_backend(scheduler: Any, device: Any) -> Any:
+        backend = scheduler.get_backend(device)
+        triton = getattr(backend, "_triton_scheduling", backend)
+        return triton if hasattr(triton, "generate_combo_kernel_code") else None
+
+    put(compat, "combo_backend", combo_backend)
+    put(rules.combo_small_kernels.pattern, "test", lambda m: compat.combinable(m.anchor.node))
+    try:
+        with inductor_config.patch({"cpu_backend": "triton", "triton.mix_order_reduction_split_size": 64}):
+            yield
+    finally:
+        for obj, name, old in reversed(saved):
+            setattr(obj, name, old)

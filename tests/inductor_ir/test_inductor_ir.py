@@ -1,6 +1,6 @@
 """Inductor-IR: scheduler-node view, fusion rules, legality, report, robustness, cache keys.
 
-CPU only (the GPU analogues are ``python -m optimus.inductor_ir.gpu_check``). Compilations
+CPU only (the GPU analogues are ``python -m optimus.tools.gpu_check``). Compilations
 are memoized in ``inductor_ir_support`` so the whole file compiles each scenario once.
 """
 

@@ -9,11 +9,12 @@ import torch
 from kernels_testutil import K, TOL, check_gl, check_ln, interpret, interpreter_only, interpreter_works, make_gl, make_ln, needs_triton  # noqa: F401
 
 ops = K.ops if hasattr(K, "ops") else __import__(K.__name__ + ".ops", fromlist=["ops"])
+eager = __import__(K.__name__ + ".eager", fromlist=["eager"])
 pytestmark = [interpreter_only, needs_triton, pytest.mark.usefixtures("interpret")]
 
 
 class _StableEmpty:
-    """Stands in for ``torch`` inside ops.py: ``empty`` hands out the same storage for the same
+    """Stands in for ``torch`` inside eager.py: ``empty`` hands out the same storage for the same
     request, like the CUDA caching allocator does in a steady-state step."""
 
     def __init__(self):
@@ -41,7 +42,7 @@ class _StableEmpty:
 @pytest.fixture
 def fresh_caches():
     ops.clear_eager_caches()
-    ops._dt.reset_stats()
+    eager._dt.reset_stats()
     yield
     ops.clear_eager_caches()
 
@@ -76,7 +77,7 @@ def test_plan_cached_per_signature(fresh_caches):
 def test_table_cache_hits_with_stable_addresses(fresh_caches, monkeypatch):
     """Same plan and same pointers: the device tables are reused (no upload), results stay exact."""
     stable = _StableEmpty()
-    monkeypatch.setattr(ops, "torch", stable)
+    monkeypatch.setattr(eager, "torch", stable)
     xs, ws, bs = make_gl([(9, 16, 8), (0, 8, 8), (5, 24, 16)], torch.float32, seed=3)
     gys = [torch.randn(9, 8), torch.randn(0, 8), torch.randn(5, 16)]  # upstream grads: same storage each step
     ref = None
@@ -120,14 +121,14 @@ def test_capture_mode_bypasses_cache(fresh_caches, monkeypatch):
     """While a CUDA graph is being captured, tables are staged fresh every call and never cached
     (a table recorded in a graph holds its values only once the graph runs)."""
     seen = []
-    real_upload = ops._dt.upload
+    real_upload = eager._dt.upload
 
     def upload(arr, device, capture=None):
         seen.append(capture)
         return real_upload(arr, device, capture)
 
-    monkeypatch.setattr(ops._dt, "capturing", lambda device: True)
-    monkeypatch.setattr(ops._dt, "upload", upload)
+    monkeypatch.setattr(eager._dt, "capturing", lambda device: True)
+    monkeypatch.setattr(eager._dt, "upload", upload)
     xs, ws, bs = make_gl([(6, 8, 8), (4, 16, 8)], torch.float32, seed=6)
     check_gl(xs, ws, bs, "silu", TOL[torch.float32])
     xl, wl, bl = make_ln([(5, 8), (3, 24)], torch.float32, seed=7)
@@ -138,13 +139,13 @@ def test_capture_mode_bypasses_cache(fresh_caches, monkeypatch):
 
 def test_capture_without_warmup_raises():
     arr = np.zeros((2, 16), dtype=np.int64)
-    saved = dict(ops._dt._arena)
-    ops._dt._arena.clear()
+    saved = dict(eager._dt._arena)
+    eager._dt._arena.clear()
     try:
         with pytest.raises(RuntimeError, match="run it once eagerly first"):
-            ops._dt.upload(arr, torch.device("cuda", 0), capture=True)
+            eager._dt.upload(arr, torch.device("cuda", 0), capture=True)
     finally:
-        ops._dt._arena.update(saved)
+        eager._dt._arena.update(saved)
 
 
 _FORBIDDEN = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
@@ -153,7 +154,7 @@ _FORBIDDEN = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float_
 def test_no_host_sync(fresh_caches, monkeypatch):
     """Neither path reads device values on the host: with the launches stubbed out, every
     host-reading tensor method and torch.cuda.synchronize raise, and fwd + bwd still run."""
-    glk, lnk = ops._glk(), ops._lnk()
+    glk, lnk = eager._glk(), eager._lnk()
     for mod, names in ((glk, ("launch_forward", "launch_dx", "launch_dw")), (lnk, ("launch_forward", "launch_backward"))):
         for n in names:
             monkeypatch.setattr(mod, n, lambda *a, **k: None)
@@ -179,7 +180,7 @@ def test_no_host_sync(fresh_caches, monkeypatch):
 
 
 def test_tile_counts_match_kernel_enumeration():
-    glk = ops._glk()
+    glk = eager._glk()
     rng = np.random.default_rng(0)
     ms, ks, ns = [int(v) for v in rng.integers(0, 300, 9)], [int(v) for v in rng.integers(0, 300, 9)], \
         [int(v) for v in rng.integers(0, 300, 9)]
@@ -196,7 +197,7 @@ def test_tile_counts_match_kernel_enumeration():
 def test_autotuner_consulted_once_per_key(monkeypatch):
     """After the autotuner has chosen for a (kernel, key, flags), launches go to the jitted kernel
     with that choice; the autotuner is not called again."""
-    glk = ops._glk()
+    glk = eager._glk()
     calls = {"tuned": 0, "raw": []}
 
     class Cfg:

@@ -123,7 +123,7 @@ def test_canonical_forms(level):
         return b * 2, d[0] + d[1]
 
     run = check_level(f, [torch.randn(3, 12), torch.randn(2, 4)], level)
-    view = __import__("optimus.core.driver", fromlist=["make_view"]).make_view(level, run.graphs[0])
+    view = __import__("optimus.core.levels", fromlist=["make_view"]).make_view(level, run.graphs[0])
     for n in run.graphs[0].graph.nodes:
         call = view.classify(n)
         if call is not None and call.op in ("split", "cat", "stack", "unbind"):

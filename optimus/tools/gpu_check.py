@@ -1,6 +1,6 @@
 """GPU analogues of the Inductor-IR tests: launches per step, numerics, time, cache keys.
 
-    python -m optimus.inductor_ir.gpu_check [--out DIR] [--budget SECONDS] [--iters N]
+    python -m optimus.tools.gpu_check [--out DIR] [--budget SECONDS] [--iters N]
 
 For a few small models it compiles, on CUDA, two configurations:
 
@@ -333,7 +333,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m optimus.inductor_ir.gpu_check", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m optimus.tools.gpu_check", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT") or "gpu_check_out")
     parser.add_argument("--budget", type=float, default=140.0, help="seconds after which remaining cases are skipped")
     parser.add_argument("--iters", type=int, default=20)

@@ -1,4 +1,4 @@
-"""Rewriter throughput on synthetic graphs: ``python -m optimus.scale --nodes 1000 10000 20000``.
+"""Rewriter throughput on synthetic graphs: ``python -m optimus.tools.scale --nodes 1000 10000 20000``.
 
 Each graph is a chain of blocks mixing what the rules rewrite (split -> cat identities,
 splits of a split's chunk, single-section splits, non-canonical spellings) with what

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from . import measure
-from .compile import CustomGraphPass
+from .. import measure
+from ..compile import CustomGraphPass
 
 
 class SplitCatDemo(nn.Module):
@@ -86,7 +86,7 @@ def _build(model_name: str | None, cfg: DemoConfig, device: str) -> tuple[nn.Mod
         x = torch.randn(cfg.batch, cfg.features * cfg.width)
         desc = f"SplitCatDemo(features={cfg.features}, width={cfg.width}, rounds={cfg.rounds}), batch {cfg.batch}"
         return model.to(device).eval(), (x.to(device),), desc
-    from .models import get_model
+    from ..models import get_model
 
     zoo = get_model(model_name, size=cfg.size, device=device, seed=0)
     return zoo.model.eval(), tuple(zoo.inputs), f"zoo model {model_name!r} ({cfg.size}), batch {zoo.batch_size}"
@@ -109,7 +109,7 @@ def run_demo(
     import optimus
     from torch._inductor import config as inductor_config
 
-    from .bench.configs import upstream_fusion_options
+    from ..bench.configs import upstream_fusion_options
 
     cfg = cfg or DemoConfig()
     unknown = [c for c in configs if c not in CONFIGS]

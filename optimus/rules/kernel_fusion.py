@@ -1,7 +1,9 @@
-"""Inductor-IR rules (scheduler-node fusion). Imported by ``optimus.rules`` so they register
-with the others.
+"""Inductor-IR rules: which of Inductor's scheduler nodes become one kernel.
 
-Three rules, run after Inductor's own fusion, in priority order:
+Written like every other rule: a pattern over the scheduler-node kinds
+(``optimus.inductor_ir.view``), conditions whose docstrings are the decline reasons, a
+replacement that returns a fusion decision through the builder. Three rules, run after
+Inductor's own fusion, in priority order:
 
 * ``fuse_producer_consumer`` (vertical): producer/consumer kernels that Inductor's own
   fusion check accepts but its fusion loop left apart;
@@ -10,33 +12,33 @@ Three rules, run after Inductor's own fusion, in priority order:
 * ``combo_small_kernels`` (horizontal, GPU): independent small kernels that cannot
   share a loop nest get one launch (a combo kernel).
 
-The driver checks legality (same device, no dependency path or cycle, Inductor's own
-``can_fuse``); the conditions below are the caps, and their docstrings are the decline
+The driver (``optimus.inductor_ir.passes``) checks legality (same device, no dependency
+path or cycle, Inductor's own ``can_fuse``) and performs the fusion; the conditions below
+are the caps, each named for what it requires, and their docstrings are the decline
 reasons ``optimus explain`` shows.
 """
 
 from __future__ import annotations
 
 from ..core.pattern import Op
-from . import compat
-from . import view as _view  # noqa: F401  (registers the scheduler-node kinds)
-from .rule import FusionBuilder, FusionMatch, fusion_rule
+from ..inductor_ir import compat
+from ..inductor_ir.rule import FusionBuilder, FusionMatch, fusion_rule
 
 KERNEL = Op(("pointwise", "reduction"))
 
 
 # ------------------------------------------------------------------------ conditions
-def _kernel_cap(m: FusionMatch) -> bool:
+def _within_max_kernels(m: FusionMatch) -> bool:
     """size cap: the kernel already holds max_kernels independent kernels"""
     return len(m.group) + 1 <= m.options["max_kernels"]
 
 
-def _node_cap(m: FusionMatch) -> bool:
+def _within_max_nodes(m: FusionMatch) -> bool:
     """size cap: the fused kernel would exceed max_nodes IR operations"""
     return m.members() <= m.options["max_nodes"]
 
 
-def _work_cap(m: FusionMatch) -> bool:
+def _within_max_work(m: FusionMatch) -> bool:
     """cost cap: a kernel has more than max_work iteration points (bandwidth-bound; one launch saved is noise, a worse tiling is not)"""
     cap = m.options["max_work"]
     for n in m.nodes:
@@ -46,7 +48,7 @@ def _work_cap(m: FusionMatch) -> bool:
     return True
 
 
-def _near(m: FusionMatch) -> bool:
+def _near_in_schedule(m: FusionMatch) -> bool:
     """too far apart in the schedule (more than max_distance nodes; fusing would extend buffer lifetimes)"""
     limit = m.options["max_distance"]
     return all(m.view.distance(n, m.candidate) <= limit for n in m.group)
@@ -61,7 +63,7 @@ def _same_cpu_region(m: FusionMatch) -> bool:
     return seg is not None and all(m.view.segment(n) == seg for n in m.group)
 
 
-def _short_reductions(m: FusionMatch) -> bool:
+def _reductions_within_max_rnumel(m: FusionMatch) -> bool:
     """cost cap: a reduction longer than max_rnumel runs long enough to hide its launch"""
     limit = m.options["max_rnumel"]
     for n in m.nodes:
@@ -80,8 +82,9 @@ def _short_reductions(m: FusionMatch) -> bool:
     pairing="producer_consumer",
     kind="vertical",
     priority=10,
-    where=[_node_cap],
-    options={"max_nodes": 64, "max_rounds": 10, "relaxed": False},
+    where=[_within_max_nodes],
+    options={"max_nodes": 64},
+    knobs={"max_rounds": 10, "relaxed": False},
 )
 def fuse_producer_consumer(m: FusionMatch, b: FusionBuilder):
     """A producer kernel and its consumer that Inductor's own fusion check accepts, but that
@@ -105,8 +108,9 @@ def fuse_producer_consumer(m: FusionMatch, b: FusionBuilder):
     pairing="independent",
     kind="horizontal",
     priority=20,
-    where=[_kernel_cap, _node_cap, _work_cap, _near, _same_cpu_region],
-    options={"max_kernels": 8, "max_nodes": 64, "max_work": 1 << 24, "max_distance": 64, "max_attempts": 64},
+    where=[_within_max_kernels, _within_max_nodes, _within_max_work, _near_in_schedule, _same_cpu_region],
+    options={"max_kernels": 8, "max_nodes": 64, "max_work": 1 << 24, "max_distance": 64},
+    knobs={"max_attempts": 64},
 )
 def fuse_independent_kernels(m: FusionMatch, b: FusionBuilder):
     """Independent kernels over the same iteration space become one kernel.
@@ -124,9 +128,9 @@ def fuse_independent_kernels(m: FusionMatch, b: FusionBuilder):
     return b.fuse(m.target, m.candidate)
 
 
-def _combinable(call, view) -> bool:
-    device = call.get("device")
-    return device is not None and device.type != "cpu" and compat.combinable(call.node)
+def _combinable(m: FusionMatch) -> bool:
+    device = m.anchor.get("device")
+    return device is not None and device.type != "cpu" and compat.combinable(m.anchor.node)
 
 
 @fusion_rule(
@@ -134,16 +138,9 @@ def _combinable(call, view) -> bool:
     pairing="combo",
     kind="horizontal",
     priority=30,
-    where=[_kernel_cap, _work_cap, _short_reductions, _near],
-    options={
-        "max_kernels": 8,
-        "max_work": 1 << 20,
-        "max_rnumel": 2048,
-        "max_distance": 64,
-        "max_attempts": 64,
-        "verify_codegen": True,
-        "benchmark": False,
-    },
+    where=[_within_max_kernels, _within_max_work, _reductions_within_max_rnumel, _near_in_schedule],
+    options={"max_kernels": 8, "max_work": 1 << 20, "max_rnumel": 2048, "max_distance": 64},
+    knobs={"max_attempts": 64, "verify_codegen": True, "benchmark": False},
 )
 def combo_small_kernels(m: FusionMatch, b: FusionBuilder):
     """Independent small kernels that cannot share a loop nest get one launch (GPU).
@@ -153,8 +150,12 @@ def combo_small_kernels(m: FusionMatch, b: FusionBuilder):
     For kernels whose iteration spaces differ (so fusing them is illegal), a combo
     kernel (Inductor's foreach/combo codegen) still saves the launches; it pays off for
     launch-bound kernels, hence the caps on iteration points and reduction length (a
-    combo of 8 small kernels saves ~7 launches of a few microseconds each). The combo's
-    source is generated once before it is accepted (``verify_codegen``);
-    ``benchmark=True`` also times it against the separate kernels (slower compiles).
+    combo of 8 small kernels saves ~7 launches of a few microseconds each). Candidates
+    are grouped by kind (Inductor launches pointwise kernels and reductions apart); the
+    combo's source is generated once before it is accepted (``verify_codegen``), and
+    members Inductor's partitioning would launch alone stay as they were;
+    ``benchmark=True`` also times it against the separate kernels (slower compiles). The
+    driver keeps out the second stage of a split mix-order reduction, which Inductor
+    computes inside the mix-order kernel (see docs/inductor-ir.md, issue 11).
     """
     return b.combo(m.group, m.candidate)

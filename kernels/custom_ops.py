@@ -1,0 +1,216 @@
+"""The ``optimus::`` custom ops (``torch.library``): registration, fake implementations,
+autograd, and the checks of their packed arguments.
+
+Every op is on the *packed* convention: every member's tensor is flattened and the members
+are concatenated into one contiguous 1-D buffer per operand, in member order; the shapes
+travel as int lists, so the ops have static output sizes and trace under FakeTensor /
+torch.compile::
+
+    optimus::grouped_linear(Tensor x, Tensor w, Tensor? b, SymInt[] ms, SymInt[] ks, SymInt[] ns,
+                            str activation) -> (Tensor y, Tensor preact)
+        x: cat_g x_g.reshape(-1) (M_g*K_g each)   w: cat_g W_g.reshape(-1) (N_g*K_g, F.linear layout)
+        b: cat_g b_g (N_g) or None                y: cat_g y_g.reshape(-1) (M_g*N_g)
+        preact: the pre-activation (same layout as y) when activation is gelu/silu, else empty; it
+        is saved for backward and is not differentiable.
+    optimus::grouped_linear_backward(Tensor dy, Tensor x, Tensor w, Tensor? aux, SymInt[] ms,
+                            SymInt[] ks, SymInt[] ns, str activation, bool has_bias,
+                            bool need_dx, bool need_dw, bool need_db) -> (Tensor dx, Tensor dw, Tensor db)
+    optimus::batched_layer_norm(Tensor x, Tensor? w, Tensor? b, SymInt[] rows, SymInt[] widths,
+                            float eps) -> (Tensor y, Tensor stats)
+        x, y: cat_g x_g.reshape(-1) (R_g*D_g)     w, b: cat_g w_g (D_g) or None
+        stats: fp32 [2, sum R_g] (mean, rstd per row), saved for backward, not differentiable.
+    optimus::batched_layer_norm_backward(Tensor dy, Tensor x, Tensor? w, Tensor stats,
+                            SymInt[] rows, SymInt[] widths, bool has_bias, bool need_dx,
+                            bool need_dw, bool need_db) -> (Tensor dx, Tensor dw, Tensor db)
+
+The forward ops have autograd registered (``register_autograd``) through the backward ops, and
+fake implementations, so ``torch.compile(fullgraph=True)`` traces them (Inductor treats them as
+opaque extern kernels).  Their implementation is the Triton kernels for CUDA tensors (or CPU
+tensors under ``TRITON_INTERPRET=1``) and the plain-torch code of ``reference.py`` otherwise.
+Importing this module registers them (once per process).
+"""
+
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import reference as ref
+from ._common import NEEDS_PREACT, USES_OUTPUT, activation_code
+from ._routing import _ALLOWED_DTYPES, _glk, _lnk, _triton_ok
+
+
+# ------------------------------------------------------------------------------------------------
+# packed-argument checks (custom ops)
+# ------------------------------------------------------------------------------------------------
+def _check_packed(fn, name, t, numel, dtype, device):
+    if t.dim() != 1:
+        raise ValueError(f"{fn}: packed {name} must be 1-D, got shape {tuple(t.shape)}")
+    torch._check(t.numel() == numel,
+                 lambda: f"{fn}: packed {name} has {t.numel()} elements but the shape lists need {numel}")
+    if t.dtype != dtype:
+        raise TypeError(f"{fn}: packed {name} has dtype {t.dtype}, expected {dtype}")
+    if t.device != device:
+        raise ValueError(f"{fn}: packed {name} is on {t.device}, expected {device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{fn}: packed {name} is not contiguous")
+
+
+def _check_gl_packed(x, w, b, ms, ks, ns):
+    fn = "optimus::grouped_linear"
+    if not (len(ms) == len(ks) == len(ns)) or len(ms) == 0:
+        raise ValueError(f"{fn}: ms, ks, ns must be non-empty and of equal length, got "
+                         f"{len(ms)}, {len(ks)}, {len(ns)}")
+    if x.dtype not in _ALLOWED_DTYPES:
+        raise TypeError(f"{fn}: unsupported dtype {x.dtype}")
+    _check_packed(fn, "x", x, sum(m * k for m, k in zip(ms, ks)), x.dtype, x.device)
+    _check_packed(fn, "w", w, sum(n * k for n, k in zip(ns, ks)), x.dtype, x.device)
+    if b is not None:
+        _check_packed(fn, "b", b, sum(ns), x.dtype, x.device)
+
+
+def _check_ln_packed(x, w, b, rows, widths):
+    fn = "optimus::batched_layer_norm"
+    if len(rows) != len(widths) or len(rows) == 0:
+        raise ValueError(f"{fn}: rows and widths must be non-empty and of equal length, got "
+                         f"{len(rows)}, {len(widths)}")
+    if x.dtype not in _ALLOWED_DTYPES:
+        raise TypeError(f"{fn}: unsupported dtype {x.dtype}")
+    _check_packed(fn, "x", x, sum(r * d for r, d in zip(rows, widths)), x.dtype, x.device)
+    for name, p in (("w", w), ("b", b)):
+        if p is not None:
+            _check_packed(fn, name, p, sum(widths), x.dtype, x.device)
+
+
+# ------------------------------------------------------------------------------------------------
+# custom ops
+# ------------------------------------------------------------------------------------------------
+def _op_exists(name: str) -> bool:
+    try:
+        return hasattr(torch.ops.optimus, name)
+    except Exception:  # pragma: no cover
+        return False
+
+
+def _register_ops():
+    """Define the optimus:: ops once per process (the package may be imported under two names)."""
+    if _op_exists("grouped_linear"):
+        return
+
+    # ---------------- grouped linear ----------------
+    @torch.library.custom_op("optimus::grouped_linear", mutates_args=())
+    def grouped_linear_op(x: Tensor, w: Tensor, b: Optional[Tensor], ms: List[int], ks: List[int],
+                          ns: List[int], activation: str) -> Tuple[Tensor, Tensor]:
+        act = activation_code(activation)
+        _check_gl_packed(x, w, b, ms, ks, ns)
+        if _triton_ok(x):
+            return _glk().forward_packed(x, w, b, list(ms), list(ks), list(ns), act)
+        return ref.grouped_linear_packed(x, w, b, ms, ks, ns, act)
+
+    @grouped_linear_op.register_fake
+    def _(x, w, b, ms, ks, ns, activation):
+        act = activation_code(activation)
+        _check_gl_packed(x, w, b, ms, ks, ns)
+        tot_y = sum(m * n for m, n in zip(ms, ns))
+        return x.new_empty(tot_y), x.new_empty(tot_y if act in NEEDS_PREACT else 0)
+
+    @torch.library.custom_op("optimus::grouped_linear_backward", mutates_args=())
+    def grouped_linear_backward_op(dy: Tensor, x: Tensor, w: Tensor, aux: Optional[Tensor], ms: List[int],
+                                   ks: List[int], ns: List[int], activation: str, has_bias: bool,
+                                   need_dx: bool, need_dw: bool, need_db: bool) -> Tuple[Tensor, Tensor, Tensor]:
+        act = activation_code(activation)
+        if _triton_ok(x):
+            return _glk().backward_packed(dy.contiguous(), x, w, aux, list(ms), list(ks), list(ns), act,
+                                          has_bias, need_dx, need_dw, need_db)
+        return ref.grouped_linear_backward_packed(dy, x, w, aux, ms, ks, ns, act, has_bias,
+                                                  need_dx, need_dw, need_db)
+
+    @grouped_linear_backward_op.register_fake
+    def _(dy, x, w, aux, ms, ks, ns, activation, has_bias, need_dx, need_dw, need_db):
+        tx = sum(m * k for m, k in zip(ms, ks))
+        tw = sum(n * k for n, k in zip(ns, ks))
+        tb = sum(ns)
+        return (x.new_empty(tx if need_dx else 0), w.new_empty(tw if need_dw else 0),
+                w.new_empty(tb if (need_db and has_bias) else 0))
+
+    def gl_setup(ctx, inputs, output):
+        x, w, b, ms, ks, ns, activation = inputs
+        y, pre = output
+        act = activation_code(activation)
+        aux = pre if act in NEEDS_PREACT else (y if act in USES_OUTPUT else None)
+        ctx.save_for_backward(x, w, aux)
+        ctx.gl_meta = (list(ms), list(ks), list(ns), act, b is not None)
+        ctx.mark_non_differentiable(pre)
+
+    def gl_backward(ctx, gy, gpre):
+        x, w, aux = ctx.saved_tensors
+        ms, ks, ns, act, has_bias = ctx.gl_meta
+        need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+        if gy is None:
+            return None, None, None, None, None, None, None
+        dx, dw, db = torch.ops.optimus.grouped_linear_backward(
+            gy.contiguous(), x, w, aux, ms, ks, ns, act, has_bias, bool(need_dx), bool(need_dw),
+            bool(need_db and has_bias))
+        return (dx if need_dx else None, dw if need_dw else None, db if (need_db and has_bias) else None,
+                None, None, None, None)
+
+    grouped_linear_op.register_autograd(gl_backward, setup_context=gl_setup)
+
+    # ---------------- batched layer norm ----------------
+    @torch.library.custom_op("optimus::batched_layer_norm", mutates_args=())
+    def batched_layer_norm_op(x: Tensor, w: Optional[Tensor], b: Optional[Tensor], rows: List[int],
+                              widths: List[int], eps: float) -> Tuple[Tensor, Tensor]:
+        _check_ln_packed(x, w, b, rows, widths)
+        if _triton_ok(x):
+            return _lnk().forward_packed(x, w, b, list(rows), list(widths), eps)
+        return ref.batched_layer_norm_packed(x, w, b, rows, widths, eps)
+
+    @batched_layer_norm_op.register_fake
+    def _(x, w, b, rows, widths, eps):
+        _check_ln_packed(x, w, b, rows, widths)
+        return x.new_empty(sum(r * d for r, d in zip(rows, widths))), \
+            x.new_empty(2, sum(rows), dtype=torch.float32)
+
+    @torch.library.custom_op("optimus::batched_layer_norm_backward", mutates_args=())
+    def batched_layer_norm_backward_op(dy: Tensor, x: Tensor, w: Optional[Tensor], stats: Tensor,
+                                       rows: List[int], widths: List[int], has_bias: bool, need_dx: bool,
+                                       need_dw: bool, need_db: bool) -> Tuple[Tensor, Tensor, Tensor]:
+        if _triton_ok(x):
+            return _lnk().backward_packed(dy.contiguous(), x, w, stats, list(rows), list(widths), has_bias,
+                                          need_dx, need_dw, need_db)
+        return ref.batched_layer_norm_backward_packed(dy, x, w, stats, rows, widths, has_bias,
+                                                      need_dx, need_dw, need_db)
+
+    @batched_layer_norm_backward_op.register_fake
+    def _(dy, x, w, stats, rows, widths, has_bias, need_dx, need_dw, need_db):
+        tx = sum(r * d for r, d in zip(rows, widths))
+        tw = sum(widths)
+        pdt = w.dtype if w is not None else x.dtype
+        return (x.new_empty(tx if need_dx else 0),
+                x.new_empty(tw if (need_dw and w is not None) else 0, dtype=pdt),
+                x.new_empty(tw if (need_db and has_bias) else 0, dtype=pdt))
+
+    def ln_setup(ctx, inputs, output):
+        x, w, b, rows, widths, eps = inputs
+        y, stats = output
+        ctx.save_for_backward(x, w, stats)
+        ctx.ln_meta = (list(rows), list(widths), b is not None)
+        ctx.mark_non_differentiable(stats)
+
+    def ln_backward(ctx, gy, gstats):
+        x, w, stats = ctx.saved_tensors
+        rows, widths, has_bias = ctx.ln_meta
+        need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+        if gy is None:
+            return None, None, None, None, None, None
+        dx, dw, db = torch.ops.optimus.batched_layer_norm_backward(
+            gy.contiguous(), x, w, stats, rows, widths, has_bias, bool(need_dx),
+            bool(need_dw and w is not None), bool(need_db and has_bias))
+        return (dx if need_dx else None, dw if (need_dw and w is not None) else None,
+                db if (need_db and has_bias) else None, None, None, None)
+
+    batched_layer_norm_op.register_autograd(ln_backward, setup_context=ln_setup)
+
+
+_register_ops()
+

@@ -1,0 +1,7 @@
+"""``python -m optimus.tools.fuzz``: the fuzzer's command line (also ``optimus fuzz``)."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,159 @@
+"""One rule protocol for every level: the base, its three kinds, conditions, filters,
+options and knobs, fingerprints, and the order rules run in."""
+
+import pytest
+import torch
+
+import optimus
+from optimus import Op, Var
+from optimus.core.group import GroupRule, group_rule
+from optimus.core.registry import REGISTRY, resolve
+from optimus.core.rule import PatternRule, Rule, rule, unmet
+from optimus.inductor_ir.rule import FusionRule, fusion_rule
+
+# The order the driver tries rules in, per level, recorded before the three kinds of rule
+# shared one base: the refactor kept every rule's place.
+ORDER = {
+    "torch_ir": [
+        "canonicalize_split_cat_args", "reshape_to_unsqueeze", "remove_single_section_split", "remove_inactive_dropout",
+        "remove_full_slice", "remove_identity_reshape", "remove_identity_permute", "cancel_unsqueeze_squeeze",
+        "cancel_squeeze_unsqueeze", "cat_split_to_inputs", "slice_of_cat_to_input", "select_of_cat_to_input",
+        "fold_slice_of_range", "fold_select_of_range", "split_cat_to_identity", "stack_unbind_to_inputs",
+        "select_of_stack_to_input", "fold_reshape_chain", "fold_permute_chain", "cat_adjacent_segments",
+        "split_cat_other_dim_to_view", "split_stack_to_view", "merge_splits", "unbind_stack_to_view",
+        "unbind_cat_to_view", "einsum_to_pointwise", "split_squeeze_to_unbind", "hoist_pointwise_through_split",
+        "sink_pointwise_into_cat", "batch_linear_lhs", "batch_linear", "batch_layer_norm", "batch_pointwise",
+    ],
+    "aten_ir": [
+        "canonicalize_split_cat_args", "reshape_to_unsqueeze", "remove_single_section_split", "remove_inactive_dropout",
+        "remove_full_slice", "remove_identity_reshape", "remove_identity_permute", "cancel_unsqueeze_squeeze",
+        "cancel_squeeze_unsqueeze", "cat_split_to_inputs", "slice_of_cat_to_input", "select_of_cat_to_input",
+        "fold_slice_of_range", "fold_select_of_range", "split_cat_to_identity", "stack_unbind_to_inputs",
+        "select_of_stack_to_input", "fold_reshape_chain", "fold_permute_chain", "cat_adjacent_segments",
+        "split_cat_other_dim_to_view", "split_stack_to_view", "merge_splits", "unbind_stack_to_view",
+        "unbind_cat_to_view", "split_squeeze_to_unbind", "hoist_pointwise_through_split", "sink_pointwise_into_cat",
+        "batch_linear_lhs", "batch_linear", "batch_mm", "batch_pointwise",
+    ],
+    "inductor_ir": ["fuse_producer_consumer", "fuse_independent_kernels", "combo_small_kernels"],
+}
+
+
+def test_per_level_rule_order_is_unchanged():
+    builtin = {name for names in ORDER.values() for name in names}
+    for level, names in ORDER.items():
+        assert [r.name for r in REGISTRY.rules(level) if r.name in builtin] == names, level
+        prios = [REGISTRY.get(n).priority for n in names]
+        assert prios == sorted(prios), f"{level}: lower priority runs first"
+
+
+def test_three_kinds_one_base_one_catalogue():
+    kinds = {type(r) for r in REGISTRY.rules()}
+    assert {PatternRule, GroupRule, FusionRule} <= kinds
+    for r in REGISTRY.rules():
+        assert isinstance(r, Rule)
+        assert r.anchors and r.doc and len(r.fingerprint()) == 16
+        assert set(r.option_defaults()) == set(r.options) | set(r.knobs)
+    assert isinstance(REGISTRY.get("merge_splits"), PatternRule)
+    assert isinstance(REGISTRY.get("batch_linear"), GroupRule)
+    assert isinstance(REGISTRY.get("fuse_independent_kernels"), FusionRule)
+    assert isinstance(REGISTRY.get("fuse_independent_kernels"), PatternRule)  # a pattern over node kinds
+
+
+def test_rule_constructor_still_builds_pattern_rules():
+    r = Rule(name="test_direct", pattern=Op("relu", Var("x")), replace=lambda m, b: m.x)
+    assert type(r) is PatternRule and r.anchors == ("relu",)
+    with pytest.raises(TypeError, match="protocol"):
+        Rule(name="test_no_kind", replace=lambda m, b: None)
+
+
+def test_knobs_are_declared_apart_from_options():
+    assert GroupRule.KNOBS == {"min_group": 2, "max_group": 256}
+    batch = REGISTRY.get("batch_pointwise")
+    assert batch.knobs == {"min_group": 3, "max_group": 256} and "min_group" not in batch.options
+    fusion = REGISTRY.get("fuse_producer_consumer")
+    assert fusion.knobs == {"max_rounds": 10, "relaxed": False} and fusion.options == {"max_nodes": 64}
+    assert set(REGISTRY.get("combo_small_kernels").knobs) == {"max_attempts", "verify_codegen", "benchmark"}
+    key = lambda call, view: None  # noqa: E731
+    with pytest.raises(ValueError, match="pass them as knobs="):
+        group_rule("relu", key=key, options={"min_group": 4}, register=False)(lambda g, b: {})
+    with pytest.raises(ValueError, match="not knobs its driver reads"):
+        group_rule("relu", key=key, knobs={"max_rounds": 4}, register=False)(lambda g, b: {})
+    with pytest.raises(ValueError, match="not knobs"):
+        rule(Op("relu", Var("x")), knobs={"min_group": 2}, register=False)(lambda m, b: m.x)
+    # users set knobs per rule like options; both reach the driver's view of the rule
+    cfg = resolve({"torch_ir": {"batch_pointwise": {"min_group": 5, "max_stack_bytes": 1024}}})
+    opts = cfg.options_for("torch_ir", batch)
+    assert opts["min_group"] == 5 and opts["max_stack_bytes"] == 1024 and opts["max_group"] == 256
+    with pytest.raises(TypeError, match="sets kind itself"):
+        group_rule("relu", key=key, kind="vertical", register=False)
+
+
+def test_condition_form():
+    def requires_positive(m):
+        """the value is not positive"""
+        return m > 0
+
+    def requires_small(m):
+        """never shown"""
+        return None if m < 10 else f"{m} is not below 10"
+
+    assert unmet(requires_positive, 3) is None
+    assert unmet(requires_positive, -1) == "the value is not positive"
+    assert unmet(requires_small, 3) is None
+    assert unmet(requires_small, 12) == "12 is not below 10"
+    assert unmet(lambda m: "", 0) == "<lambda>"  # an empty reason falls back to the name
+
+
+def test_conditions_decline_with_their_reason_and_filters_stay_silent():
+    def requires_wide_input(m):
+        """never shown: the condition returns its own reason"""
+        return None if m.shape(m.x)[-1] > 100 else f"the input has only {m.shape(m.x)[-1]} columns"
+
+    def about_tanh_inputs(m):  # runs before the rest of the pattern: the anchor and its own capture
+        assert m.sig is m.anchor.node and "x" not in m.bindings
+        source = m.call(m.anchor.args["input"])
+        return source is not None and source.op == "tanh"
+
+    r1 = optimus.rule(Op("relu", Var("x")), where=[requires_wide_input], name="test_reason_rule")(lambda m, b: m.x)
+    r2 = optimus.rule(Op("sigmoid", Var("x")).bind("sig").such_that(about_tanh_inputs), name="test_silent_rule")(lambda m, b: m.x)
+    try:
+        gm = torch.fx.symbolic_trace(lambda x: (x.relu() + 1).sigmoid() + x.tanh().sigmoid())
+        x = torch.randn(3, 4)
+        expected = gm(x)
+        optimus.optimize(gm, passes=["test_reason_rule", "test_silent_rule"], example_inputs=[x])
+        stats = optimus.last_report().graphs[0].rules
+        assert dict(stats["test_reason_rule"].declined) == {"the input has only 4 columns": 1}
+        assert stats["test_silent_rule"].matched == 1  # sigmoid(tanh(x)): the filter let it through
+        assert not stats["test_silent_rule"].declined  # sigmoid(x + 1): turned away silently
+        torch.testing.assert_close(gm(x) - expected, (x.tanh() - x.tanh().sigmoid()))
+    finally:
+        REGISTRY.remove(r1.name)
+        REGISTRY.remove(r2.name)
+
+
+def test_filters_go_on_the_root():
+    with pytest.raises(ValueError, match="filters go on the pattern's root"):
+        rule(Op("relu", Op("tanh", Var("x")).such_that(lambda m: True)), register=False)(lambda m, b: m.x)
+
+
+def test_fingerprint_follows_code_options_and_filters():
+    def make(filter_fn, options=None, **kw):
+        return rule(Op("relu", Var("x")).such_that(filter_fn), name="test_fp", options=options, register=False, **kw)(lambda m, b: m.x)
+
+    def filter_a(m):
+        return True
+
+    def filter_b(m):
+        return False
+
+    base = make(filter_a)
+    assert base.fingerprint() == make(filter_a).fingerprint()
+    assert base.fingerprint() != make(filter_b).fingerprint()  # the filter's code is keyed
+    assert base.fingerprint() != make(filter_a, {"n": 1}).fingerprint()
+    assert base.fingerprint() != make(filter_a, priority=7).fingerprint()
+    g1 = group_rule("relu", key=lambda c, v: 1, register=False)(lambda g, b: {})
+    g2 = group_rule("relu", key=lambda c, v: 1, knobs={"min_group": 3}, register=False)(lambda g, b: {})
+    assert g1.fingerprint() != g2.fingerprint()
+    f1 = fusion_rule(Op("pointwise"), name="test_f", register=False)(lambda m, b: b.fuse(m.target, m.candidate))
+    f2 = fusion_rule(Op("pointwise"), name="test_f", knobs={"max_attempts": 3}, register=False)(lambda m, b: b.fuse(m.target, m.candidate))
+    assert f1.fingerprint() != f2.fingerprint()

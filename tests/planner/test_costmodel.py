@@ -1,0 +1,62 @@
+"""The device cost model (optimus/planner/costmodel.py)."""
+
+import json
+import logging
+
+import torch
+
+from optimus.planner import costmodel as cm
+
+H200ISH = cm.DEFAULTS["cuda"]
+
+
+def test_small_gemms_batched_beat_the_loop_with_and_without_graphs():
+    # 32 linears 512x256 @ 256x256, fp32: each one wave or less of tiles
+    m, k, n, g = 512, 256, 256, 32
+    one = cm.kernel_us(H200ISH, 4 * (m * k + k * n + m * n), 2 * m * k * n, "fp32", cm.matmul_tiles(m, n))
+    batched = cm.kernel_us(H200ISH, g * 4 * (m * k + k * n + m * n), g * 2 * m * k * n, "fp32", cm.matmul_tiles(m, n, g))
+    for launched in (True, False):
+        loop = g * cm.kernel_us(H200ISH, 4 * (m * k + k * n + m * n), 2 * m * k * n, "fp32", cm.matmul_tiles(m, n), launched=launched)
+        fused = cm.kernel_us(H200ISH, g * 4 * (m * k + k * n + m * n), g * 2 * m * k * n, "fp32", cm.matmul_tiles(m, n, g), launched=launched)
+        assert fused < loop / 4
+    assert batched > one  # but one batched kernel is not free
+
+
+def test_two_large_copies_for_one_launch_lose_under_graphs_and_win_when_launch_bound_only_if_small():
+    # two elementwise kernels of 64 MiB each, batched through a stack copy of their inputs
+    nbytes = 64 * 2**20
+    for launched in (True, False):
+        before = 2 * cm.kernel_us(H200ISH, 2 * nbytes, launched=launched)
+        after = cm.copy_us(H200ISH, 2 * nbytes, launched=launched) + cm.kernel_us(H200ISH, 4 * nbytes, launched=launched)
+        assert after > before  # the copy moves more bytes than the launch saves
+    small = 4096
+    before = 2 * cm.kernel_us(H200ISH, 2 * small, launched=True)
+    after = cm.copy_us(H200ISH, 2 * small, launched=True) + cm.kernel_us(H200ISH, 4 * small, launched=True)
+    assert after == before  # two launches either way: no gain, no loss
+
+
+def test_cpu_probe_runs_and_is_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPTIMUS_CACHE_DIR", str(tmp_path))
+    cm._PROFILES.clear()
+    p = cm.profile("cpu")
+    assert p.source.startswith("measured") and p.bandwidth_gbps > 0 and p.matmul_tflops["fp32"]["large"] > 0
+    files = list(tmp_path.glob("profile-*.json"))
+    assert len(files) == 1
+    cm._PROFILES.clear()
+    again = cm.profile("cpu", probe_if_missing=False)
+    assert again == p  # read back from the cache, not probed again
+
+
+def test_corrupt_cache_is_ignored_with_a_warning(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("OPTIMUS_CACHE_DIR", str(tmp_path))
+    cm._PROFILES.clear()
+    cm._cache_file(torch.device("cpu")).parent.mkdir(parents=True, exist_ok=True)
+    cm._cache_file(torch.device("cpu")).write_text(json.dumps({"device": "x"}))
+    logging.getLogger("optimus").addHandler(caplog.handler)
+    try:
+        p = cm.profile("cpu", probe_if_missing=False)
+    finally:
+        logging.getLogger("optimus").removeHandler(caplog.handler)
+    assert p.source.startswith("defaults")
+    assert any("ignoring the device profile cache" in r.getMessage() for r in caplog.records)
+    cm._PROFILES.clear()

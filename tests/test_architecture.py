@@ -1,0 +1,207 @@
+"""The package's import graph: no cycle, and nothing in ``optimus/core`` imports outward.
+
+Every ``import`` / ``from ... import`` statement of every module of the package (and of
+``kernels/``, installed as ``optimus.kernels``) is read with ``ast``, including the ones
+inside functions (lazy imports); only imports under ``if TYPE_CHECKING:`` are left out.
+An edge goes to the most specific module named: ``from .core import rule`` is an edge to
+``optimus.core.rule``, ``from .core.rule import Rule`` too; ``from . import x`` inside a
+package names ``x``. Importing a submodule also runs its parent packages' ``__init__``,
+but Python always does that first, so parents are not edges of their own (an explicit
+``import optimus`` is).
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SOURCES = {"optimus": ROOT / "optimus", "optimus.kernels": ROOT / "kernels"}
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    found: dict[str, pathlib.Path] = {}
+    for prefix, folder in SOURCES.items():
+        for path in sorted(folder.rglob("*.py")):
+            parts = list(path.relative_to(folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join([prefix, *parts])] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _import_nodes(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement, lazy ones included, except under ``if TYPE_CHECKING:``."""
+    out: list[ast.Import | ast.ImportFrom] = []
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            out.append(node)
+        stack.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def _package_of(name: str) -> str:
+    path = MODULES[name]
+    return name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+
+
+def _targets(name: str, node: ast.Import | ast.ImportFrom) -> list[str]:
+    if isinstance(node, ast.Import):
+        bases = [alias.name for alias in node.names]
+        return [b for b in bases if b == "optimus" or b.startswith("optimus.")]
+    if node.level:
+        package = _package_of(name).split(".")
+        base = package[: len(package) - node.level + 1]
+        module = ".".join(base + ([node.module] if node.module else []))
+    else:
+        module = node.module or ""
+    if module != "optimus" and not module.startswith("optimus."):
+        return []
+    out = []
+    for alias in node.names:
+        sub = f"{module}.{alias.name}"
+        out.append(sub if sub in MODULES else module)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        edges: set[str] = set()
+        for node in _import_nodes(tree):
+            edges.update(t for t in _targets(name, node) if t != name)
+        graph[name] = edges
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    found: list[list[str]] = []
+    counter = 0
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph.get(start, ()))))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in graph:
+                    continue
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_every_import_target_is_a_module_of_the_package():
+    graph = import_graph()
+    unknown = sorted({t for edges in graph.values() for t in edges if t not in MODULES})
+    assert not unknown, f"imports of modules that do not exist: {unknown}"
+
+
+def test_no_import_cycle():
+    cycles = _cycles(import_graph())
+    assert not cycles, "import cycles (each line one strongly connected set of modules):\n" + "\n".join(
+        " <-> ".join(c) for c in cycles
+    )
+
+
+def test_core_imports_only_core():
+    graph = import_graph()
+    outward = sorted(
+        (name, target)
+        for name, edges in graph.items()
+        if name.startswith("optimus.core")
+        for target in edges
+        if not target.startswith("optimus.core")
+    )
+    assert not outward, f"optimus/core imports outside itself: {outward}"
+
+
+def test_fixpoint_and_numeric_check_do_not_import_each_other():
+    graph = import_graph()
+    assert "optimus.core.numeric" not in graph["optimus.core.driver"]
+    assert "optimus.core.driver" not in graph["optimus.core.numeric"]
+
+
+def test_library_does_not_import_the_tools():
+    """Only the command line reaches into ``optimus.tools`` (and the tools into each other)."""
+    graph = import_graph()
+    library = [n for n in graph if not n.startswith("optimus.tools") and n not in ("optimus.cli",)]
+    reaching = sorted((n, t) for n in library for t in graph[n] if t.startswith("optimus.tools"))
+    assert not reaching, f"library modules importing tools: {reaching}"
+
+
+def test_the_checker_sees_lazy_imports_and_skips_type_checking_ones():
+    tree = ast.parse(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from optimus.rules import x\n"
+        "def f():\n    from .core import rule\n    import optimus.compile\n"
+    )
+    targets = [t for node in _import_nodes(tree) for t in _targets("optimus.cli", node)]
+    assert sorted(targets) == ["optimus.compile", "optimus.core.rule"]
+
+
+def test_registry_sees_the_builtin_rules_from_a_fresh_interpreter():
+    """``resolve`` imports nothing; importing any optimus module runs optimus/__init__.py,
+    which loads the levels and the built-in rules first."""
+    import subprocess
+    import sys
+
+    code = (
+        "from optimus.core.registry import resolve\n"
+        "from optimus.core.levels import make_view\n"
+        "cfg = resolve('all')\n"
+        "assert 'merge_splits' in cfg.rules['torch_ir'] and 'batch_mm' in cfg.rules['aten_ir'], cfg.rules\n"
+        "assert 'fuse_independent_kernels' in cfg.rules['inductor_ir'], cfg.rules\n"
+        "import torch\n"
+        "gm = torch.fx.symbolic_trace(torch.nn.ReLU())\n"
+        "print(type(make_view('torch_ir', gm)).__name__, type(make_view('aten_ir', gm)).__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["TorchIRView", "AtenIRView"]
