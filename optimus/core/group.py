@@ -27,7 +27,7 @@ queries, so grouping stays linear in the graph size).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, ClassVar, Hashable, Mapping
+from typing import Any, Callable, ClassVar, Hashable, Mapping, Protocol
 
 import torch.fx as fx
 
@@ -40,7 +40,12 @@ from .vocab import Call
 
 class Group(Match):
     """The members of one group, plus read-only helpers: the match of a group rule (what its
-    conditions and replacement receive, like ``Match`` for pattern rules)."""
+    conditions and replacement receive, like ``Match`` for pattern rules).
+
+    ``planned``: a planner judges this group once it is built (``passes="auto"``), so a
+    rule's own rough profitability heuristics (launch counts, byte caps) step aside."""
+
+    planned: bool = False
 
     def __init__(self, rule: "GroupRule", members: list[Call], key: Any, view: GraphView, options: dict[str, Any]) -> None:
         self.rule = rule
@@ -86,6 +91,23 @@ class GroupRule(Rule):
 
     def code(self) -> tuple[Callable[..., Any], ...]:
         return (*super().code(), self.key)
+
+
+class GroupPlanner(Protocol):
+    """What the FX driver asks about horizontal groups when a planner is attached
+    (``passes="auto"``; the implementation is ``optimus.planner.plan.Planner``)."""
+
+    def round_started(self, view: GraphView, report: Any) -> None:
+        """A round of group rules starts on ``view``'s graph as it is now."""
+
+    def chunk(self, view: GraphView, members: list[fx.Node], min_group: int) -> tuple[int, str] | None:
+        """``None`` if the group may run whole; else the members per chunk (0: none) and why."""
+
+    def judge(self, view: GraphView, rule: str, anchor: fx.Node, members: list[fx.Node], new_nodes: list[fx.Node]) -> str | None:
+        """Why the built replacement should not be committed, if it should not."""
+
+    def accepted(self, members: list[fx.Node]) -> None:
+        """The group was committed."""
 
 
 group_rule = rule_decorator(
