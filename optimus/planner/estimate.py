@@ -8,6 +8,9 @@ keeps the rewrite only when the new side is cheaper. Each node is one of:
 * a copy (``stack``, ``cat``, ``clone``): reads and writes its output's bytes once;
 * a matmul (``linear``, ``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``matmul``): its bytes and
   ``2 * M * N * K`` FLOPs at the rate its tiles achieve (``costmodel.matmul_rate``);
+* an op outside the vocabulary that a rule emitted (a custom op such as
+  ``optimus::grouped_linear``): one kernel moving its bytes and doing the arithmetic of
+  the members it replaces (``Work``), at the occupancy of all their tiles together;
 * anything else: one kernel moving its inputs' and outputs' bytes.
 
 Every kernel costs at least the kernel floor; when kernels are launched one by one (not
@@ -41,6 +44,15 @@ from .costmodel import DeviceProfile
 MATMUL_OPS = frozenset({"linear", "mm", "addmm", "bmm", "baddbmm", "matmul"})
 COPY_OPS = frozenset({"stack", "cat", "clone"})
 MULTI_PART_VIEWS = frozenset({"unbind", "split"})
+
+
+@dataclasses.dataclass
+class Work:
+    """Matmul arithmetic of some nodes: what an opaque replacement must still do."""
+
+    flops: float = 0.0
+    tiles: int = 0
+    dtype: str = "fp32"
 
 
 @dataclasses.dataclass
@@ -100,8 +112,24 @@ def _matmul_shape(view: GraphView, call: Any, out: torch.Tensor) -> tuple[int, i
     return 1, m, n, k
 
 
-def node_cost(view: GraphView, node: fx.Node, p: DeviceProfile, launched: bool, training: bool = False) -> Cost:
-    """The forward (and, when ``training``, backward) cost of one node (module docstring)."""
+def work(view: GraphView, nodes: Iterable[fx.Node]) -> Work:
+    """The matmul FLOPs and output tiles of ``nodes`` (the members of a group)."""
+    total = Work()
+    for node in nodes:
+        call = view.classify(node)
+        outs = _tensors(_value(view, node))
+        if call is None or call.op not in MATMUL_OPS or not outs:
+            continue
+        batch, m, n, k = _matmul_shape(view, call, outs[0])
+        total.flops += 2.0 * batch * m * n * k
+        total.tiles += costmodel.matmul_tiles(m, n, batch)
+        total.dtype = costmodel.dtype_class(outs[0].dtype)
+    return total
+
+
+def node_cost(view: GraphView, node: fx.Node, p: DeviceProfile, launched: bool, training: bool = False, opaque: Work | None = None) -> Cost:
+    """The forward (and, when ``training``, backward) cost of one node (module docstring);
+    ``opaque``: the arithmetic an op outside the vocabulary does (a rule's custom op)."""
     cost = Cost()
     call = view.classify(node)
     op = call.op if call is not None else None
@@ -128,6 +156,12 @@ def node_cost(view: GraphView, node: fx.Node, p: DeviceProfile, launched: bool, 
         if grad:
             cost.add(2 * one, 2)  # dX and dW: about the same work each
         return cost
+    if call is None and opaque is not None and opaque.flops:
+        one = costmodel.kernel_us(p, in_bytes + out_bytes, opaque.flops, opaque.dtype, opaque.tiles or None, launched)
+        cost.add(one)
+        if grad:
+            cost.add(2 * one, 2)
+        return cost
     one = costmodel.kernel_us(p, in_bytes + out_bytes, launched=launched)
     cost.add(one)
     if grad:
@@ -135,9 +169,9 @@ def node_cost(view: GraphView, node: fx.Node, p: DeviceProfile, launched: bool, 
     return cost
 
 
-def nodes_cost(view: GraphView, nodes: Iterable[fx.Node], p: DeviceProfile, launched: bool, training: bool = False) -> Cost:
+def nodes_cost(view: GraphView, nodes: Iterable[fx.Node], p: DeviceProfile, launched: bool, training: bool = False, opaque: Work | None = None) -> Cost:
     total = Cost()
     for n in nodes:
-        c = node_cost(view, n, p, launched, training)
+        c = node_cost(view, n, p, launched, training, opaque)
         total.add(c.us, c.kernels)
     return total

@@ -190,7 +190,7 @@ class Planner:
         """Why the built replacement should not be committed, if it should not."""
         p, launched = self.profile, not self.context.cudagraphs
         before = estimate.nodes_cost(view, members, p, launched, self._training)
-        after = estimate.nodes_cost(view, new_nodes, p, launched, self._training)
+        after = estimate.nodes_cost(view, new_nodes, p, launched, self._training, estimate.work(view, members))
         ok = before.us - after.us > MIN_GAIN
         why = "" if ok else f"cost model: not faster (est. {after.us - before.us:+.1f} µs: {before} -> {after}{' under CUDA graphs' if not launched else ''})"
         self._record(Decision(rule, anchor.name, len(members), before, after, ok, why))

@@ -181,3 +181,32 @@ def test_tune_declines_a_graph_that_writes_its_inputs(tmp_path, monkeypatch):
     got = compiled(x.clone(), y)
     torch.testing.assert_close(got, f(x.clone(), y))
     assert any("not tuned" in n and "in place" in n for n in compiled.optimus_report.notes), compiled.optimus_report.notes
+
+
+def _opaque_grouped_op(*xs):  # stands for a rule's custom op: outside the vocabulary
+    return torch.cat(xs)
+
+
+def test_an_opaque_replacement_is_charged_the_members_arithmetic():
+    from optimus.core.levels import make_view
+    from optimus.planner import estimate
+
+    big = towers(5, 2048, 1024, consume=False)
+    xs = [torch.randn(2048, 1024) for _ in range(5)]
+    gm = fx.symbolic_trace(big)
+    oc._propagate_fake_meta(gm, xs)
+    view = make_view("torch_ir", gm)
+    members = [n for n in gm.graph.nodes if n.target is F.linear]
+    w = estimate.work(view, members)
+    assert w.flops == 5 * 2 * 2048 * 1024 * 1024 and w.tiles == 5 * 16 * 8
+    # a linear is in the vocabulary: priced with its own FLOPs, whatever the group's
+    assert estimate.node_cost(view, members[0], H200ISH, True, opaque=w).us == estimate.node_cost(view, members[0], H200ISH, True).us
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    with gm.graph.inserting_before(out):
+        grouped = gm.graph.call_function(_opaque_grouped_op, tuple(members))
+    grouped.meta["val"] = torch.empty(5 * 2048, 1024)
+    assert view.classify(grouped) is None
+    priced = estimate.node_cost(view, grouped, H200ISH, True, opaque=w)
+    bytes_only = estimate.node_cost(view, grouped, H200ISH, True)
+    floor = w.flops / (H200ISH.matmul_tflops["fp32"]["large"] * 1e6)
+    assert priced.us >= floor > bytes_only.us
