@@ -48,6 +48,9 @@ PASSES_OPTION = "optimus_passes"
 TUNE_OPTION = "optimus_tune"
 DEFAULT_PASSES = "auto"  # the planner chooses (docs/planner.md); presets stay available
 TUNE_CANDIDATES = ("auto", "all", "vertical", "none")  # what tune=True measures per graph
+# Inductor's own autotuning is left out of the trial compiles (it would multiply their cost
+# by the GEMM search); the chosen plan compiles with it.
+TRIAL_OPTIONS_OFF = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise", "coordinate_descent_tuning")
 
 
 # What decides the code a compile produces: the core, the level views and drivers, the
@@ -246,12 +249,13 @@ class Session:
             self.report.notes.append(f"planner: {label}: {hit['plan']!r} from the decision cache (measured {_fmt_ms(hit.get('measured_ms', {}))}); nothing re-measured")
             return self._candidate_config(hit["plan"], untuned)
         measured: dict[str, float] = {}
+        trial_options = {k: v for k, v in options.items() if k not in TRIAL_OPTIONS_OFF}
         for candidate in TUNE_CANDIDATES:
             trial = Session(resolve(candidate))
             trial_gm = copy.deepcopy(gm)
             try:
                 with compat.separate_compile_metrics():  # the trial's backward compiles on its first call
-                    fn = trial.compile(trial_gm, example_inputs, options)
+                    fn = trial.compile(trial_gm, example_inputs, trial_options)
                     measured[candidate] = tune.time_compiled(fn, example_inputs, context.training)
             except Exception as e:
                 if safety_net.passthrough(e):

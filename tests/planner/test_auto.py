@@ -118,6 +118,17 @@ def test_cuda_graphs_turn_off_launch_only_fusions_and_change_the_cache_key():
     assert a != b != config.fingerprint()
 
 
+def test_the_context_reads_cuda_graphs_training_and_autotune_from_the_compile():
+    w = torch.randn(2, requires_grad=True)
+    x = torch.randn(2)
+    assert Context.of_compile([w, x], {}) == Context("cpu", cudagraphs=False, training=True, tune=False)
+    with torch.no_grad():
+        assert not Context.of_compile([w, x], {}).training
+    assert Context.of_compile([x], {"triton.cudagraphs": True}).cudagraphs
+    assert Context.of_compile([x], {"max_autotune": True}).tune  # mode="max-autotune" implies tune=True
+    assert Context.of_compile([x], {}, mode_tunes=True).tune
+
+
 def test_auto_is_the_default_and_the_report_shows_the_planner():
     model = towers(4, 16, 16, consume=False)
     xs = [torch.randn(16, 16) for _ in range(4)]
