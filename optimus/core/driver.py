@@ -145,7 +145,7 @@ class Driver:
             members = group.nodes
             self._commit(rule, anchor, pairs, builder, stats, checked)
             if self.planner is not None:
-                self.planner.accepted(members)
+                self.planner.accepted(self.view, members)
             return True
         except Decline as d:
             self.surgery.discard(builder)

@@ -106,7 +106,7 @@ class GroupPlanner(Protocol):
     def judge(self, view: GraphView, rule: str, anchor: fx.Node, members: list[fx.Node], new_nodes: list[fx.Node]) -> str | None:
         """Why the built replacement should not be committed, if it should not."""
 
-    def accepted(self, members: list[fx.Node]) -> None:
+    def accepted(self, view: GraphView, members: list[fx.Node]) -> None:
         """The group was committed."""
 
 

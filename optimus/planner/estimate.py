@@ -5,7 +5,9 @@ A group rewrite replaces its members (N kernels) by the nodes its replacement bu
 keeps the rewrite only when the new side is cheaper. Each node is one of:
 
 * a view (``VIEW_OPS``: reshape, permute, unbind, getitem, ...): free in the forward;
-* a copy (``stack``, ``cat``, ``clone``): reads and writes its output's bytes once;
+* a copy (``stack``, ``cat``, ``clone``): reads and writes its output's bytes once, except
+  a stack or cat of consecutive parts of one tensor, which the vertical rules turn back
+  into a view of it (``rules.horizontal.stack_is_free``): free;
 * a matmul (``linear``, ``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``matmul``): its bytes and
   ``2 * M * N * K`` FLOPs at the rate its tiles achieve (``costmodel.matmul_rate``);
 * an op outside the vocabulary that a rule emitted (a custom op such as
@@ -38,6 +40,7 @@ import torch.fx as fx
 from ..core.symbolic import size_hint
 from ..core.view import GraphView
 from ..core.vocab import VIEW_OPS
+from ..rules.horizontal import stack_is_free
 from . import costmodel
 from .costmodel import DeviceProfile
 
@@ -146,6 +149,9 @@ def node_cost(view: GraphView, node: fx.Node, p: DeviceProfile, launched: bool, 
     in_bytes = _nbytes(t for i in node.all_input_nodes for t in _tensors(_value(view, i)))
     dtype = costmodel.dtype_class(outs[0].dtype)
     if op in COPY_OPS:
+        parts = call.get("tensors") if call is not None else None
+        if op in ("stack", "cat") and isinstance(parts, (list, tuple)) and len(parts) > 1 and stack_is_free(view, list(parts)):
+            return cost  # consecutive parts of one tensor: a view once the vertical rules run
         cost.add(costmodel.copy_us(p, out_bytes, launched))
         return cost  # backward: views of the gradient
     if op in MATMUL_OPS and call is not None:

@@ -33,8 +33,10 @@ import torch
 import torch.fx as fx
 
 from ..core.report import GraphReport
+from ..core.symbolic import size_hint
 from ..core.view import GraphView
 from . import costmodel, estimate
+from ..rules.horizontal import stack_is_free
 from .memory import Liveness, MemoryBudget
 
 # Inductor-IR rules whose only gain is fewer launches: nothing under CUDA graphs.
@@ -145,44 +147,46 @@ class Planner:
         self._report = report
         self._training = self.context.training and view.level == "torch_ir"
         try:
-            self._budget = MemoryBudget(Liveness(view.graph), self.memory_increase, MEMORY_SLACK)
+            self._budget = MemoryBudget(Liveness(view.graph, saved_for_backward=self._training), self.memory_increase, MEMORY_SLACK)
         except Exception as e:  # no metadata to size tensors: memory is not judged
             self._budget = None
             note = f"planner: no liveness for this graph ({type(e).__name__}); group sizes are not bounded by memory"
             if note not in report.notes:
                 report.notes.append(note)
 
-    def _delta(self, members: list[fx.Node]) -> Any:
+    def _delta(self, view: GraphView, members: list[fx.Node]) -> Any:
         assert self._budget is not None
-        extra = [(i, b) for m in members for i, b in self._stacked_inputs(m)]
-        return self._budget.live.group_delta(members, extra)
+        return self._budget.live.group_delta(members, self._stacked_inputs(view, members))
 
-    def _stacked_inputs(self, member: fx.Node) -> list[tuple[fx.Node, int]]:
-        """The member's activation input, which a batched op reads from a stacked copy."""
-        live = self._budget.live if self._budget is not None else None
-        if live is None or not member.all_input_nodes:
+    @staticmethod
+    def _stacked_inputs(view: GraphView, members: list[fx.Node]) -> list[tuple[fx.Node, int]]:
+        """The members' activation inputs, which a batched op reads from a stacked copy
+        (none when they are consecutive parts of one tensor: that stack is a view)."""
+        firsts = [m.all_input_nodes[0] for m in members if m.all_input_nodes]
+        if len(firsts) != len(members) or stack_is_free(view, firsts):
             return []
-        first = member.all_input_nodes[0]
-        if first.op in ("get_attr",):
-            return []
-        _, _, b = live.lifetime(first)
-        return [(first, b)]
+        out = []
+        for node in firsts:
+            v = view.tensor_val(node)
+            if v is not None and node.op != "get_attr":
+                out.append((node, size_hint(v.numel()) * v.element_size()))  # its own bytes, not its base's
+        return out
 
     def chunk(self, view: GraphView, members: list[fx.Node], min_group: int) -> tuple[int, str] | None:
         """``None`` when every member fits the memory budget; else the members per chunk
         (0: not even ``min_group`` fit) and why."""
         if self._budget is None or len(members) < 2:
             return None
-        if self._budget.fits(self._delta(members)):
+        if self._budget.fits(self._delta(view, members)):
             return None
         lo, hi, k = max(2, min_group), len(members) - 1, 0  # more members never need less memory
         while lo <= hi:
             mid = (lo + hi) // 2
-            if self._budget.fits(self._delta(members[:mid])):
+            if self._budget.fits(self._delta(view, members[:mid])):
                 k, lo = mid, mid + 1
             else:
                 hi = mid - 1
-        rise = self._budget.increase(self._delta(members)) / 2**20
+        rise = self._budget.increase(self._delta(view, members)) / 2**20
         why = f"memory: all {len(members)} at once would raise the graph's estimated peak by {rise:.2f} MiB (allowed: {self.memory_increase:.0%} or {MEMORY_SLACK // 2**10} KiB)"
         return k, why
 
@@ -196,9 +200,9 @@ class Planner:
         self._record(Decision(rule, anchor.name, len(members), before, after, ok, why))
         return None if ok else why
 
-    def accepted(self, members: list[fx.Node]) -> None:
+    def accepted(self, view: GraphView, members: list[fx.Node]) -> None:
         if self._budget is not None:
-            self._budget.accept(self._delta(members))
+            self._budget.accept(self._delta(view, members))
 
     def _record(self, d: Decision) -> None:
         if self._report is not None:

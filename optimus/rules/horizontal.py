@@ -53,6 +53,9 @@ def _stack_is_free(view: GraphView, items: list[Any]) -> bool:
     return False
 
 
+stack_is_free = _stack_is_free  # the planner prices stacks with the same analysis (optimus.planner.estimate)
+
+
 def _launch_count(g: Group, operand_lists: list[list[Any]]) -> tuple[int, int]:
     """(kernels before, kernels after) for a fusion stacking ``operand_lists``."""
     copies = sum(0 if _stack_is_free(g.view, ops) else 1 for ops in operand_lists)

@@ -221,3 +221,44 @@ def test_an_opaque_replacement_is_charged_the_members_arithmetic():
     bytes_only = estimate.node_cost(view, grouped, H200ISH, True)
     floor = w.flops / (H200ISH.matmul_tflops["fp32"]["large"] * 1e6)
     assert priced.us >= floor > bytes_only.us
+
+
+def test_training_keeps_activations_for_the_backward_so_batching_them_costs_no_peak():
+    from optimus.planner.memory import Liveness
+
+    def f(*args):  # 12 inputs, then 12 weights (graph inputs, like Dynamo's lifted parameters)
+        total = 0
+        for x, w in zip(args[:12], args[12:]):
+            total = total + F.linear(x, w).sum()  # each output dead right after its sum
+        return total
+
+    names = ", ".join(f"a{i}" for i in range(24))
+    scope = {"f": f}
+    exec(f"def g({names}):\n    return f({names})\n", scope)
+    gm = fx.symbolic_trace(scope["g"])
+    oc._propagate_fake_meta(gm, [torch.randn(256, 256) for _ in range(24)])
+    for n in gm.graph.nodes:  # as Dynamo's pre-grad graph of a training step records them
+        v = n.meta.get("val")
+        if n.op == "call_function" and isinstance(v, torch.Tensor):
+            n.meta["val"] = v.detach().requires_grad_(True)
+    members = [n for n in gm.graph.nodes if n.target is F.linear]
+    inference, training = Liveness(gm.graph), Liveness(gm.graph, saved_for_backward=True)
+    assert training.peak > inference.peak  # every linear's output is saved, not freed after its sum
+    assert inference.group_delta(members).max() > 0  # batching keeps all 12 outputs at once
+    assert training.group_delta(members).max() <= 0  # they were all live anyway
+
+
+def test_a_stack_of_consecutive_parts_is_priced_as_the_view_it_becomes():
+    from optimus.core.levels import make_view
+    from optimus.planner import estimate
+
+    def f(x):
+        a, b, c = x.unbind(0)
+        return torch.stack([a, b, c]) + torch.stack([c, a, b])
+
+    gm = fx.symbolic_trace(f)
+    oc._propagate_fake_meta(gm, [torch.randn(3, 64, 64)])
+    view = make_view("torch_ir", gm)
+    stacks = [n for n in gm.graph.nodes if n.target is torch.stack]
+    in_order, shuffled = (estimate.node_cost(view, s, H200ISH, True) for s in stacks)
+    assert in_order.kernels == 0 and shuffled.kernels == 1
