@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from . import _devtables as _dt
+from . import routes as _routes
 from ._common import NEEDS_PREACT, USES_OUTPUT
 from ._routing import _PLAIN_TYPES, _glk, _lnk, _rows, _triton_ok, _validate_gl, _validate_ln
 
@@ -50,6 +51,13 @@ def eager_cache_info() -> dict:
 def clear_eager_caches() -> None:
     _PLANS.clear()
     _TABLES.clear()
+
+
+def set_gl_route(name) -> None:
+    """Force a grouped-linear route ("triton", "bmm", "grouped_mm"; see ``routes.py``) wherever it
+    applies, or None to follow the measured table; clears the plans (they hold the route)."""
+    _routes.set_route(name)
+    _PLANS.clear()
 
 
 def set_table_cache(enabled: bool) -> None:
@@ -347,8 +355,15 @@ def _gl_eager(xs, weights, biases, act):
         if any(t is not None and type(t) not in _PLAIN_TYPES for t in ts):
             return None  # tensor subclasses (fake / functional tensors): traced path
         need_grad = grad and any(t is not None and t.requires_grad for t in ts)
-        plan = _GLPlan(xs, weights, biases, act, need_grad)
+        ks = [w.shape[1] for w in weights]
+        route = _routes.choose(x0.dtype, x0.device, [_rows(x) for x in xs], ks, [w.shape[0] for w in weights])
+        if route == "triton":
+            plan = _GLPlan(xs, weights, biases, act, need_grad)
+        else:
+            plan = _routes.VendorPlan(route, xs, weights, biases, act, need_grad)
         _put_plan(key, plan)
+    if type(plan) is _routes.VendorPlan:
+        return _routes.apply(plan, xs, weights, biases)
     if plan.nb == len(ts) - 2 * plan.G:
         out = _gl_apply(plan, *ts)
     else:
