@@ -16,7 +16,7 @@ GPU mode (one process, well under 3 minutes on the H200):
   steady-state eager step) and as CUDA-graph replays (device time).  From the route timings it
   writes ``OUT/routes.json``: per (dtype, uniformity, size class, G class) the fastest route of
   the eager step.  Copy that file to ``kernels/routes.json`` to make ``grouped_linear`` use it
-  (``kernels/_routing.py``); without the file every call takes the Triton kernels.
+  (``kernels/routes.py``); without the file every call takes the Triton kernels.
   Also writes ``OUT/bench_grouped.json`` (everything) and prints a short table last.
 
 Host mode (``--host``, no GPU): CPU tensors through the eager path with every kernel launch
@@ -39,7 +39,8 @@ import time
 import traceback
 
 HOST = "--host" in sys.argv
-if HOST:
+DRY = "--dry-run" in sys.argv  # the GPU mode end to end on CPU (interpreter, tiny shapes, one call per timing)
+if HOST or DRY:
     os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported: CPU tensors take the eager path
 
 import torch
@@ -59,7 +60,7 @@ def _kernels():
 
 K = _kernels()
 eager = __import__(K.__name__ + ".eager", fromlist=["eager"])
-routing = __import__(K.__name__ + "._routing", fromlist=["_routing"])
+routing_mod = __import__(K.__name__ + ".routes", fromlist=["routes"])
 
 
 def _engine_backward():
@@ -211,17 +212,287 @@ def host_mode(out_dir):
             json.dump(dict(date=datetime.date.today().isoformat(), torch=torch.__version__, rows=rows), f, indent=1)
     return rows
 
+# ------------------------------------------------------------------------------------------------
+# GPU mode
+# ------------------------------------------------------------------------------------------------
+def _rel(a, r):
+    a, r = torch.cat([t.reshape(-1) for t in a]).double(), torch.cat([t.reshape(-1) for t in r]).double()
+    d = r.norm().item()
+    return float("inf") if not torch.isfinite(a).all() else (a - r).norm().item() / (d if d > 0 else 1.0)
+
+
+class _Case:
+    """One case: timings (ms) and errors per implementation, correctness against the loop."""
+
+    def __init__(self, name, kind, G, dtype, dims):
+        self.r = dict(case=name, kind=kind, G=G, dtype=str(dtype).split(".")[-1], dims=dims, ms={}, graph_ms={},
+                      rel_err={}, errors={}, tables={})
+
+    def eager(self, B, impl, step):
+        try:
+            self.r["ms"][impl] = B.time_steps(step)["ms"]
+        except B.Budget:
+            raise
+        except Exception as ex:
+            self.r["errors"][impl] = repr(ex)[:300]
+
+    def graph(self, B, impl, build):
+        try:
+            self.r["graph_ms"][impl] = B.time_graph(build)["ms"]
+        except B.Budget:
+            raise
+        except Exception as ex:
+            self.r["errors"][impl + "_graph"] = repr(ex)[:300]
+            try:
+                torch.cuda.synchronize()
+            except Exception:
+                pass
+
+
+def _gl_case(B, name, kind, G, dtype, impls, graphs=True):
+    """impls: "loop", "bmm_floor" (pre-stacked inputs), and routes of grouped_linear ("triton", ...)."""
+    dev = torch.device("cpu" if DRY else "cuda")
+    dims = gl_dims(kind, G, scale=32 if DRY else 1)
+    c = _Case(name, kind, G, dtype, dims)
+    ws, bs, sets = make_sets(dims, dtype, dev, 3, seed=G)
+    ps = lambda st: [*st[0], *ws, *bs]
+    xs0, gys0 = sets[0]
+    ref_y = loop_linear(xs0, ws, bs)
+    ref_g = EB(ref_y, gys0, ps(sets[0]))
+    for impl in impls:
+        B.CLOCK.check(3.0)
+        if impl == "loop":
+            fn = loop_linear
+        elif impl == "bmm_floor":
+            m, k, n = dims[0]
+            W = torch.stack([w.detach() for w in ws]).requires_grad_()
+            Bs = torch.stack([b.detach() for b in bs]).unsqueeze(1).requires_grad_()
+            st = [(torch.stack([x.detach() for x in xs]).requires_grad_(), torch.stack(g)) for xs, g in sets]
+            c.eager(B, impl, lambda i: EB([torch.baddbmm(Bs, st[i % 3][0], W.transpose(1, 2))], [st[i % 3][1]],
+                                         [st[i % 3][0], W, Bs]))
+            if graphs:
+                def bb():
+                    X, Wc, Bc = (t.detach().clone().requires_grad_() for t in (st[0][0], W, Bs))
+                    gy = st[0][1].clone()
+                    return lambda: EB([torch.baddbmm(Bc, X, Wc.transpose(1, 2))], [gy], [X, Wc, Bc])
+                c.graph(B, impl, bb)
+            continue
+        else:
+            route = impl
+            if not routing_mod.applies(route, dtype, [m for m, _, _ in dims], [k for _, k, _ in dims],
+                                       [n for _, _, n in dims]):
+                c.r["errors"][impl] = "route does not apply"
+                continue
+
+            def fn(xs, ws_, bs_, _r=route):
+                return K.grouped_linear(xs, ws_, bs_)
+        try:
+            K.ops.set_gl_route(None if impl == "loop" else impl)
+            if impl != "loop":
+                y = fn(xs0, ws, bs)
+                g = EB(y, gys0, ps(sets[0]))
+                c.r["rel_err"][impl] = dict(y=_rel(y, ref_y), grads=_rel(g, ref_g))
+                del y, g
+            with torch.no_grad():
+                c.eager(B, impl + "_fwd", lambda i: fn(sets[i % 3][0], ws, bs))
+            eager._dt.reset_stats()
+            c.eager(B, impl, lambda i: EB(fn(sets[i % 3][0], ws, bs), sets[i % 3][1], ps(sets[i % 3])))
+            st0 = eager._dt.stats()
+            c.eager(B, impl + "_same_inputs", lambda i: EB(fn(xs0, ws, bs), gys0, ps(sets[0])))
+            st1 = eager._dt.stats()
+            c.r["tables"][impl] = dict(rotated=st0, same_inputs={k: st1[k] - st0[k] for k in st1})
+            if graphs:
+                def build(_fn=fn):
+                    xs = [x.detach().clone().requires_grad_() for x in xs0]
+                    wl = [w.detach().clone().requires_grad_() for w in ws]
+                    bl = [b.detach().clone().requires_grad_() for b in bs]
+                    gy = [g.clone() for g in gys0]
+                    return lambda: EB(_fn(xs, wl, bl), gy, [*xs, *wl, *bl])
+                c.graph(B, impl, build)
+        except B.Budget:
+            raise
+        except Exception as ex:
+            c.r["errors"][impl] = repr(ex)[:300]
+        finally:
+            K.ops.set_gl_route(None)
+    return c.r
+
+
+def _ln_case(B, name, dims, dtype, graphs=True):
+    dev = torch.device("cpu" if DRY else "cuda")
+    if DRY:
+        dims = [(max(1, r // 256), max(1, d // 16)) for r, d in dims]
+    c = _Case(name, "layer_norm", len(dims), dtype, dims)
+    g = torch.Generator(device=dev)
+    g.manual_seed(5)
+    lw = [(torch.randn(d, device=dev, dtype=dtype, generator=g) * 0.1 + 1).requires_grad_() for _, d in dims]
+    lb = [torch.randn(d, device=dev, dtype=dtype, generator=g).requires_grad_() for _, d in dims]
+    sets = [([torch.randn(r, d, device=dev, dtype=dtype, generator=g).requires_grad_() for r, d in dims],
+             [torch.randn(r, d, device=dev, dtype=dtype, generator=g) for r, d in dims]) for _ in range(3)]
+    loop = lambda xs: [F.layer_norm(x, (x.shape[-1],), w, b) for x, w, b in zip(xs, lw, lb)]
+    ours = lambda xs: K.batched_layer_norm(xs, lw, lb)
+    y, r = ours(sets[0][0]), loop(sets[0][0])
+    c.r["rel_err"]["ours"] = dict(y=_rel(y, r), grads=float("nan"))
+    for impl, fn in (("ours", ours), ("loop", loop)):
+        with torch.no_grad():
+            c.eager(B, impl + "_fwd", lambda i: fn(sets[i % 3][0]))
+        c.eager(B, impl, lambda i: EB(fn(sets[i % 3][0]), sets[i % 3][1], [*sets[i % 3][0], *lw, *lb]))
+        if graphs:
+            def build(_fn=fn):
+                xs = [x.detach().clone().requires_grad_() for x in sets[0][0]]
+                gy = [v.clone() for v in sets[0][1]]
+                return lambda: EB(_fn(xs), gy, [*xs, *lw, *lb])
+            c.graph(B, impl, build)
+    return c.r
+
+
+def _routes_from(cases, device_name):
+    """Per measured uniform case: the route with the smallest eager step among those that ran and
+    matched the loop (relative error of outputs and grads below the dtype's tolerance)."""
+    tol = {"bfloat16": 2e-2, "float16": 5e-3, "float32": 5e-3}
+    out = []
+    for c in cases:
+        if c.get("kind") not in ("uniform-small", "uniform-large", "ragged-m"):
+            continue
+        dims = c["dims"]
+        ms, ks, ns = [d[0] for d in dims], [d[1] for d in dims], [d[2] for d in dims]
+        cand = {}
+        for r in routing_mod.ROUTES:
+            e = c["rel_err"].get(r)
+            if r in c["ms"] and e and max(e["y"], e["grads"]) < tol[c["dtype"]]:
+                cand[r] = c["ms"][r]
+        if "triton" not in cand or len(cand) < 2:
+            continue
+        gcand = {r: c["graph_ms"][r] for r in cand if r in c["graph_ms"]}
+        # a vendor route is chosen only where it beats the Triton kernels both eagerly and (when
+        # measured) under CUDA graphs; among those, the fastest eager step
+        wins = [r for r in cand if r != "triton" and cand[r] < cand["triton"]
+                and (not gcand or (r in gcand and "triton" in gcand and gcand[r] < gcand["triton"]))]
+        best = min(wins, key=cand.get) if wins else "triton"
+        out.append(dict(device=device_name, dtype=c["dtype"], uniformity=routing_mod.uniformity(ms, ks, ns),
+                        size=routing_mod.size_class(ms, ks, ns), G=routing_mod.g_class(len(dims)), best=best,
+                        eager_step_ms=cand, graph_step_ms=gcand,
+                        graph_best=min(gcand, key=gcand.get) if gcand else None, case=c["case"]))
+    return out
+
+
+def _x(a, b):
+    return f"{a / b:5.2f}" if a and b else "    -"
+
+
+def _fmt(v):
+    return f"{v:7.3f}" if isinstance(v, (int, float)) else "      -"
+
+
+def gpu_table(report):
+    L = [f"optimus.kernels bench_grouped  {report['date']}  {report['gpu']}  torch {report['torch']}  "
+         f"triton {report['triton']}  autotune={report['autotune']}",
+         "eager fwd+bwd step ms (CUDA events, 3 input sets rotated; 'same' = one input set), graph = CUDA-graph replay ms;"
+         " x = loop (or bmm floor) / impl"]
+    L.append(f"{'case':22} {'impl':12} {'fwd':>7} {'step':>7} {'same':>7} {'graph':>7} {'x loop':>6} {'x loopG':>7} "
+             f"{'x bmmF':>6} {'x bmmFG':>7}  err / note")
+    for c in report["cases"]:
+        ms, gm = c["ms"], c["graph_ms"]
+        impls = [k for k in ms if not k.endswith(("_fwd", "_same_inputs"))] + \
+            [k for k in c["errors"] if not k.endswith("_graph") and k not in ms]
+        for impl in dict.fromkeys(impls):
+            err = c["rel_err"].get(impl)
+            note = c["errors"].get(impl) or c["errors"].get(impl + "_graph") or \
+                (f"{err.get('y', 0):.4f}/{err.get('grads', 0):.4f}" if err else "")
+            L.append(f"{c['case']:22} {impl:12} {_fmt(ms.get(impl + '_fwd'))} {_fmt(ms.get(impl))} "
+                     f"{_fmt(ms.get(impl + '_same_inputs'))} {_fmt(gm.get(impl))} "
+                     f"{_x(ms.get('loop'), ms.get(impl)):>6} {_x(gm.get('loop'), gm.get(impl)):>7} "
+                     f"{_x(ms.get('bmm_floor'), ms.get(impl)):>6} {_x(gm.get('bmm_floor'), gm.get(impl)):>7}  {note[:70]}")
+    L.append("routes (fastest eager step per measured signature class): " +
+             ", ".join(f"{r['case']}->{r['best']} (graph: {r['graph_best']})" for r in report["routes"]))
+    if report.get("stopped"):
+        L.append(f"stopped early: {report['stopped']}")
+    return "\n".join(L)
+
+
+def gpu_mode(out_dir, budget_s, autotune=False):
+    from . import bench as B
+
+    if not torch.cuda.is_available() and not DRY:
+        print("no CUDA device: use --host for the CPU host-overhead mode (or --dry-run)")
+        return 2
+    if DRY:
+        B.DRY, B.DEV = True, "cpu"
+    B.CLOCK = B._Clock(budget_s)
+    B.MEASURE_S = 0.1
+    glk = eager._glk()
+    glk.set_autotune(autotune)
+    import triton
+
+    gpu = "cpu (dry run)" if DRY else torch.cuda.get_device_name()
+    report = dict(date=datetime.date.today().isoformat(), gpu=gpu, torch=torch.__version__,
+                  triton=triton.__version__, autotune=autotune, cases=[], routes=[])
+    bf16, f32 = torch.bfloat16, torch.float32
+    plan = [
+        ("gl", "mixed-small G16", "mixed-small", 16, bf16, ["triton", "loop"]),
+        ("gl", "uniform-small G16", "uniform-small", 16, bf16, ["triton", "bmm", "grouped_mm", "bmm_floor", "loop"]),
+        ("gl", "uniform-large G16", "uniform-large", 16, bf16, ["triton", "bmm", "grouped_mm", "bmm_floor", "loop"]),
+        ("gl", "ragged-m G16", "ragged-m", 16, bf16, ["triton", "grouped_mm", "loop"]),
+        ("ln", "ln uniform G16", [(4096, 512)] * 16, bf16),
+        ("gl", "uniform-small G16 fp32", "uniform-small", 16, f32, ["triton", "bmm", "bmm_floor", "loop"]),
+        ("gl", "mixed-small G64", "mixed-small", 64, bf16, ["triton", "loop"]),
+        ("gl", "uniform-small G4", "uniform-small", 4, bf16, ["triton", "bmm", "grouped_mm", "bmm_floor", "loop"]),
+        ("ln", "ln mixed G16", [(random.Random(i).choice([1024, 4096]), random.Random(i + 99).choice([64, 256, 1024]))
+                                for i in range(16)], bf16),
+    ]
+    out_dir = out_dir or "."
+    os.makedirs(out_dir, exist_ok=True)
+
+    def save():
+        report["routes"] = _routes_from(report["cases"], report["gpu"])
+        with open(os.path.join(out_dir, "bench_grouped.json"), "w") as f:
+            json.dump(report, f, indent=1, default=str)
+        with open(os.path.join(out_dir, "routes.json"), "w") as f:
+            json.dump(dict(date=report["date"], gpu=report["gpu"], torch=report["torch"], triton=report["triton"],
+                           measured_by="python -m kernels.bench_grouped", routes=report["routes"]), f, indent=1)
+
+    try:
+        for item in plan:
+            B.CLOCK.check(8.0)
+            t0 = time.time()
+            try:
+                if item[0] == "gl":
+                    r = _gl_case(B, *item[1:], graphs=not DRY)
+                else:
+                    r = _ln_case(B, item[1], item[2], item[3], graphs=not DRY)
+            except B.Budget:
+                raise
+            except Exception as ex:
+                r = dict(case=item[1], ms={}, graph_ms={}, rel_err={}, errors={"case": repr(ex)[:300]},
+                         trace=traceback.format_exc()[-1500:])
+            r["wall_s"] = time.time() - t0
+            report["cases"].append(r)
+            save()
+            print(f"[{B.CLOCK.elapsed():6.1f}s] {item[1]} done", flush=True)
+    except B.Budget as ex:
+        report["stopped"] = str(ex)
+    save()
+    table = gpu_table(report)
+    with open(os.path.join(out_dir, "table.txt"), "w") as f:
+        f.write(table + "\n")
+    print(table)
+    return 0
+
+
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--host", action="store_true", help="CPU host-overhead mode (launches stubbed)")
     ap.add_argument("--out", default=os.environ.get("OUT", ""))
+    ap.add_argument("--dry-run", action="store_true", help="the GPU mode on CPU (interpreter, tiny shapes)")
     ap.add_argument("--budget-s", type=float, default=170.0)
+    ap.add_argument("--autotune", action="store_true",
+                    help="autotune the Triton kernels (compiles many candidates: needs a warm Triton cache to fit 3 min)")
     a = ap.parse_args(argv)
     if a.host:
         host_mode(a.out)
         return 0
-    return gpu_mode(a.out, a.budget_s)
+    return gpu_mode(a.out, a.budget_s, a.autotune)
 
 
 if __name__ == "__main__":
