@@ -21,8 +21,8 @@ GPU mode (one process, well under 3 minutes on the H200):
 
 Host mode (``--host``, no GPU): CPU tensors through the eager path with every kernel launch
 replaced by a no-op (``TRITON_INTERPRET=1`` routes CPU tensors there), so what is timed is the
-Python and dispatcher work of a call only.  Minimum over repeats of the mean per call; the
-machine is shared, so the minimum is the figure that noise inflates least.  Also counts
+Python and dispatcher work of a call only: thread CPU time, minimum over repeats of the mean
+per call (on a shared machine that is the figure other processes inflate least).  Also counts
 Python-level function calls per call (cProfile), which does not depend on load.
 """
 
@@ -126,14 +126,16 @@ def _stub_launches():
 
 
 def _host_time(fn, calls=100, repeats=5):
+    """Minimum over repeats of the mean thread CPU time per call (us): time spent descheduled on a
+    shared machine does not count, so this is the host work a call costs."""
     for i in range(20):
         fn(i)
     best = float("inf")
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         for i in range(calls):
             fn(i)
-        best = min(best, (time.perf_counter() - t0) / calls)
+        best = min(best, (time.thread_time() - t0) / calls)
     return best * 1e6
 
 
