@@ -156,11 +156,11 @@ def _count_calls(fn, calls=20):
     return pstats.Stats(pr).total_calls / calls
 
 
-def host_mode(out_dir):
+def host_mode(out_dir, groups=(4, 16)):
     _stub_launches()
     dt = torch.float32  # ours is dtype-blind with launches stubbed; fp32 keeps the CPU loop's compute negligible
     rows = []
-    for G in (4, 16):
+    for G in groups:
         rng = random.Random(G)
         dims = [(rng.choice([2, 4]), rng.choice([4, 8]), rng.choice([4, 8])) for _ in range(G)]
         ws, bs, sets = make_sets(dims, dt, "cpu", 3)
@@ -490,12 +490,13 @@ def main(argv=None):
     ap.add_argument("--host", action="store_true", help="CPU host-overhead mode (launches stubbed)")
     ap.add_argument("--out", default=os.environ.get("OUT", ""))
     ap.add_argument("--dry-run", action="store_true", help="the GPU mode on CPU (interpreter, tiny shapes)")
+    ap.add_argument("--groups", default="4,16", help="host mode: group sizes G (comma-separated)")
     ap.add_argument("--budget-s", type=float, default=170.0)
     ap.add_argument("--autotune", action="store_true",
                     help="autotune the Triton kernels (compiles many candidates: needs a warm Triton cache to fit 3 min)")
     a = ap.parse_args(argv)
     if a.host:
-        host_mode(a.out)
+        host_mode(a.out, tuple(int(g) for g in a.groups.split(",")))
         return 0
     return gpu_mode(a.out, a.budget_s, a.autotune)
 
