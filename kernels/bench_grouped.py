@@ -2,6 +2,7 @@
 
     PYTHONPATH=. timeout -k 5 190 python -m kernels.bench_grouped --out $OUT --budget-s 170   # H200
     PYTHONPATH=. python -m kernels.bench_grouped --host [--out DIR]          # CPU, host time only
+    PYTHONPATH=. python -m kernels.bench_grouped --host --baseline OLD_CHECKOUT   # CPU, A/B against older kernels/
 
 GPU mode (one process, well under 3 minutes on the H200):
   * grouped_linear G = 16 small layers (mixed-small: M 512/1024, K, N 64..256, bf16): eager
@@ -485,18 +486,94 @@ def gpu_mode(out_dir, budget_s, autotune=False):
 
 
 
+def host_compare(baseline_root: str, out_dir: str, groups=(4, 16), rounds: int = 8):
+    """In-process A/B of the host time per call: this checkout's kernels against the ``kernels/``
+    folder of another checkout (``baseline_root``, imported as the top-level package ``kernels``),
+    alternating rounds so that machine load hits both sides alike; launches stubbed on both."""
+    import importlib
+
+    sys.modules.pop("kernels", None)
+    sys.path.insert(0, os.path.abspath(baseline_root))
+    try:
+        base = importlib.import_module("kernels")
+    finally:
+        sys.path.pop(0)
+    if os.path.realpath(base.__file__) == os.path.realpath(K.__file__):
+        raise SystemExit(f"--baseline {baseline_root} resolves to this checkout's kernels ({base.__file__})")
+    _stub_launches()
+    be = importlib.import_module(base.__name__ + ".eager")
+    for mod, names in ((be._glk(), ("launch_forward", "launch_dx", "launch_dw")),
+                       (be._lnk(), ("launch_forward", "launch_backward"))):
+        for n in names:
+            setattr(mod, n, lambda *a, **k: None)
+    rows = []
+    for G in groups:
+        rng = random.Random(G)
+        dims = [(rng.choice([2, 4]), rng.choice([4, 8]), rng.choice([4, 8])) for _ in range(G)]
+        ws, bs, sets = make_sets(dims, torch.float32, "cpu", 3)
+        lx = [[torch.randn(r, d).requires_grad_() for r, d, _ in dims] for _ in range(3)]
+        lw = [torch.randn(d).requires_grad_() for _, d, _ in dims]
+        lb = [torch.randn(d).requires_grad_() for _, d, _ in dims]
+        lg = [[torch.randn(r, d) for r, d, _ in dims] for _ in range(3)]
+
+        def fns(M):
+            def gl_fwd(i):
+                with torch.no_grad():
+                    M.grouped_linear(sets[i % 3][0], ws, bs)
+
+            def gl_step(i):
+                xs, gys = sets[i % 3]
+                EB(M.grouped_linear(xs, ws, bs), gys, [*xs, *ws, *bs])
+
+            def ln_fwd(i):
+                with torch.no_grad():
+                    M.batched_layer_norm(lx[i % 3], lw, lb)
+
+            def ln_step(i):
+                EB(M.batched_layer_norm(lx[i % 3], lw, lb), lg[i % 3], [*lx[i % 3], *lw, *lb])
+            return dict(gl_fwd=gl_fwd, gl_step=gl_step, ln_fwd=ln_fwd, ln_step=ln_step)
+
+        fa, fb = fns(K), fns(base)
+        for name in fa:
+            ta, tb = [], []
+            for _ in range(rounds):
+                tb.append(_host_time(fb[name], calls=60, repeats=1))
+                ta.append(_host_time(fa[name], calls=60, repeats=1))
+            r = dict(G=G, what=name, baseline_us=min(tb), this_us=min(ta),
+                     baseline_median_us=sorted(tb)[rounds // 2], this_median_us=sorted(ta)[rounds // 2])
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+    lines = ["host time per call, in-process A/B (us, thread CPU time, launches stubbed, min / median of "
+             f"{rounds} alternating rounds)", f"{'G':>4} {'call':8} {'baseline':>9} {'this':>9} {'ratio':>6} "
+             f"{'base med':>9} {'this med':>9}"]
+    lines += [f"{r['G']:>4} {r['what']:8} {r['baseline_us']:9.1f} {r['this_us']:9.1f} "
+              f"{r['baseline_us'] / r['this_us']:6.2f} {r['baseline_median_us']:9.1f} {r['this_median_us']:9.1f}"
+              for r in rows]
+    print("\n".join(lines))
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "host_compare.json"), "w") as f:
+            json.dump(dict(baseline=os.path.abspath(baseline_root), rows=rows), f, indent=1)
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--host", action="store_true", help="CPU host-overhead mode (launches stubbed)")
     ap.add_argument("--out", default=os.environ.get("OUT", ""))
     ap.add_argument("--dry-run", action="store_true", help="the GPU mode on CPU (interpreter, tiny shapes)")
     ap.add_argument("--groups", default="4,16", help="host mode: group sizes G (comma-separated)")
+    ap.add_argument("--baseline", default="", help="host mode: A/B against the kernels/ of this other checkout")
     ap.add_argument("--budget-s", type=float, default=170.0)
     ap.add_argument("--autotune", action="store_true",
                     help="autotune the Triton kernels (compiles many candidates: needs a warm Triton cache to fit 3 min)")
     a = ap.parse_args(argv)
     if a.host:
-        host_mode(a.out, tuple(int(g) for g in a.groups.split(",")))
+        groups = tuple(int(g) for g in a.groups.split(","))
+        if a.baseline:
+            host_compare(a.baseline, a.out, groups)
+        else:
+            host_mode(a.out, groups)
         return 0
     return gpu_mode(a.out, a.budget_s, a.autotune)
 
