@@ -22,7 +22,9 @@ dtype, no ``torch._grouped_mm``, ragged K / N), a call takes ``"triton"``.
 Both vendor routes are one ``autograd.Function`` (``_VendorLinearFn``): the outputs alias the
 result buffer through ``Tensor.set_`` (not autograd views), so in-place ops on them are allowed
 exactly as on the Triton path's outputs; the backward stacks the upstream gradients once and runs
-the two GEMMs (dX, dW) with the same vendor op, db as one row sum.  The pre-activation is kept
+the two GEMMs (dX, dW) with the same vendor op, db as one row sum.  Operands that already lie
+back to back in one storage (the outputs of a previous vendor-routed group, weights packed into
+one buffer) are used as views of it, without the stack / cat copy (``_joined``).  The pre-activation is kept
 in a buffer of its own, so an in-place op on an output cannot change the gradient.
 """
 
@@ -217,27 +219,51 @@ def _gemm_fwd(plan, X, W):
     return torch._grouped_mm(X, W.transpose(-2, -1), offs=plan.offs())
 
 
+def _joined(ts, rows, cols: int, stack: bool):
+    """The members as one ``(G, rows, cols)`` (``stack``) or ``(sum rows, cols)`` tensor, and whether
+    it is a view: when they lie back to back in member order in one storage (outputs of a
+    previous vendor-routed group, parameters packed into one buffer) it is a view of that storage
+    (free), otherwise a copy (``torch.stack`` / ``torch.cat``)."""
+    G = len(ts)
+    es = ts[0].element_size()
+    p = ts[0].data_ptr()
+    adjacent = p != 0
+    for t, r in zip(ts, rows):
+        if not adjacent or t.data_ptr() != p:
+            adjacent = False
+            break
+        p += r * cols * es
+    if adjacent and (G == 1 or ts[0].untyped_storage().data_ptr() == ts[-1].untyped_storage().data_ptr()):
+        # every member lies between the first and the last, inside their one storage
+        if stack:
+            return ts[0].as_strided((G, rows[0], cols), (rows[0] * cols, cols, 1)), True
+        return ts[0].as_strided((sum(rows), cols), (cols, 1)), True
+    flat = [t.view(-1, cols) for t in ts]
+    return (torch.stack(flat) if stack else torch.cat(flat)), False
+
+
 class _VendorLinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, plan, *ts):
         G, k, n = plan.G, plan.k, plan.n
         xs, ws, bs = ts[:G], ts[G:2 * G], ts[2 * G:]
-        if plan.route == "bmm":
-            X = torch.stack([x.view(-1, k) for x in xs])                 # (G, M, K)
-        else:
-            X = torch.cat([x.view(-1, k) for x in xs])                   # (sum M, K)
-        W = torch.stack(ws)                                              # (G, N, K)
+        bmm = plan.route == "bmm"
+        X, x_view = _joined(xs, plan.ms, k, stack=bmm)                   # (G, M, K) or (sum M, K)
+        W, w_view = _joined(ws, [n] * G, k, stack=True)                  # (G, N, K)
         Z = _gemm_fwd(plan, X, W)
         if plan.nb:
             B = torch.stack(plan.bias_rows(bs))                          # (G, N), zeros for missing biases
-            if plan.route == "bmm":
+            if bmm:
                 Z = Z.add_(B.unsqueeze(1))
             else:
                 Z = Z.add_(B.index_select(0, plan.member_of_row()))
         Y = _act(Z, plan.act) if plan.act != "none" else Z
         if plan.need_grad:
-            ctx.save_for_backward(X, W, Z if plan.act != "none" else None)
-            ctx.plan = plan
+            # views of the inputs are saved as the inputs themselves (autograd then checks that
+            # nothing modified them in place before the backward); copies as they are
+            saved = (list(xs) if x_view else [X]) + (list(ws) if w_view else [W])
+            ctx.save_for_backward(*saved, Z if plan.act != "none" else None)
+            ctx.plan, ctx.views = plan, (x_view, w_view)
         ys = _aliases(Y.view(-1, n), plan.y_shapes, plan.row_off, n)
         return ys[0] if G == 1 else tuple(ys)
 
@@ -245,12 +271,17 @@ class _VendorLinearFn(torch.autograd.Function):
     def backward(ctx, *gys):
         plan = ctx.plan
         G, k, n = plan.G, plan.k, plan.n
-        X, W, Z = ctx.saved_tensors
-        needs = ctx.needs_input_grad
-        if plan.route == "bmm":
-            GY = torch.stack([g.reshape(-1, n) for g in gys])             # (G, M, N)
+        saved = ctx.saved_tensors
+        x_view, w_view = ctx.views
+        bmm = plan.route == "bmm"
+        if x_view:
+            X, saved = _joined(saved[:G], plan.ms, k, stack=bmm)[0], saved[G:]
         else:
-            GY = torch.cat([g.reshape(-1, n) for g in gys])               # (sum M, N)
+            X, saved = saved[0], saved[1:]
+        W = _joined(saved[:G], [n] * G, k, stack=True)[0] if w_view else saved[0]
+        Z = saved[-1]
+        needs = ctx.needs_input_grad
+        GY = _joined([g.contiguous() for g in gys], plan.ms, n, stack=bmm)[0]  # (G, M, N) or (sum M, N)
         if plan.act != "none":
             aux = Z if plan.act in ("gelu", "silu") else _act(Z, plan.act)
             GY = _act_grad(GY.float(), aux.float(), plan.act).to(plan.dt)

@@ -303,3 +303,62 @@ def test_forced_route_that_does_not_apply_takes_triton(fresh, stubbed):
     xs, ws, bs = make_gl([(4, 8, 8), (3, 16, 8)], torch.float32, seed=11)  # ragged
     K.grouped_linear(xs, ws, bs)
     assert all(type(p) is eager._GLPlan for p in eager._PLANS.values())
+
+
+def test_joined_views_adjacent_members_and_copies_others():
+    base = torch.arange(3 * 4 * 8, dtype=torch.float32).view(3, 4, 8)
+    parts = list(base.unbind(0))                       # back to back in one storage
+    v, is_view = routes._joined(parts, [4, 4, 4], 8, stack=True)
+    assert is_view and v.data_ptr() == base.data_ptr() and torch.equal(v, base)
+    v, is_view = routes._joined(parts, [4, 4, 4], 8, stack=False)
+    assert is_view and torch.equal(v, base.view(12, 8))
+    v, is_view = routes._joined([parts[0], parts[2], parts[1]], [4, 4, 4], 8, stack=True)  # out of order
+    assert not is_view and torch.equal(v, base[[0, 2, 1]])
+    sep = [torch.randn(4, 8) for _ in range(3)]
+    v, is_view = routes._joined(sep, [4, 4, 4], 8, stack=True)
+    assert not is_view and torch.equal(v, torch.stack(sep))
+    ragged = list(torch.arange(9 * 8.).view(9, 8).split([2, 3, 4]))
+    v, is_view = routes._joined(ragged, [2, 3, 4], 8, stack=False)
+    assert is_view and torch.equal(v, torch.cat(ragged))
+
+
+@pytest.mark.parametrize("route", ["bmm", "grouped_mm"])
+def test_vendor_route_chain_and_packed_weights_are_free(fresh, route, monkeypatch):
+    """Weights packed in one buffer and the outputs of a vendor-routed group feeding the next group
+    are used in place (no stack / cat), and values and gradients still match F.linear."""
+    if route == "grouped_mm" and not routes._HAS_GMM:
+        pytest.skip("this torch has no torch._grouped_mm")
+    ops.set_gl_route(route)
+    views = []
+    real = routes._joined
+    monkeypatch.setattr(routes, "_joined", lambda *a, **k: (lambda r: views.append(r[1]) or r)(real(*a, **k)))
+    G, M, D = 3, 4, 16
+    flat_w = torch.randn(2 * G * D * D, requires_grad=True)
+    w_all = flat_w.view(2, G, D, D)
+    w1, w2 = list(w_all[0].unbind(0)), list(w_all[1].unbind(0))   # "packed parameters": views of one buffer
+    xs = [torch.randn(M, D, requires_grad=True) for _ in range(G)]
+    h = K.grouped_linear(xs, w1, None, "relu")
+    ys = K.grouped_linear(h, w2, None)
+    assert views[:4] == [False, True, True, True]  # layer 1: x copied, w view; layer 2: x (= h) view, w view
+    ref = [F.linear(F.relu(F.linear(x, a)), b) for x, a, b in zip(xs, w1, w2)]
+    for y, r in zip(ys, ref):
+        torch.testing.assert_close(y, r, rtol=1e-5, atol=1e-5)
+    gys = [torch.randn(M, D) for _ in range(G)]
+    got = torch.autograd.grad(ys, xs + [flat_w], gys)
+    want = torch.autograd.grad(ref, xs + [flat_w], gys)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_vendor_route_detects_inplace_change_of_viewed_inputs(fresh):
+    """Viewed inputs are saved as themselves: an in-place change before the backward raises
+    (autograd's version check) instead of giving a wrong gradient."""
+    ops.set_gl_route("bmm")
+    base = torch.randn(3, 4, 8)
+    xs = [base[g] for g in range(3)]  # views of one buffer, back to back
+    ws = [torch.randn(8, 8, requires_grad=True) for _ in range(3)]
+    ys = K.grouped_linear(xs, ws, None)
+    with torch.no_grad():
+        xs[1].mul_(2.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(ys, ws, [torch.ones(4, 8)] * 3)
