@@ -58,7 +58,7 @@ TRIAL_OPTIONS_OFF = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwis
 # scale, GPU check), the benchmark harness, the model zoo, the measurement helpers and the
 # command line do not; changing them keeps every compile-cache entry valid.
 COMPILED_SOURCES: tuple[str, ...] = ("core", "torch_ir", "aten_ir", "inductor_ir", "rules", "planner", "compile.py", "compat.py", "distributed.py", "safety_net.py")
-KERNEL_TOOLS: tuple[str, ...] = ("bench.py", "bench_embedding.py", "aot_check.py")  # in kernels/, but they compile nothing
+KERNEL_TOOLS: tuple[str, ...] = ("bench.py", "bench_embedding.py", "bench_grouped.py", "aot_check.py")  # in kernels/, but they compile nothing
 
 
 def compiled_source_files() -> list[tuple[str, pathlib.Path]]:
