@@ -129,7 +129,7 @@ def run_command(args: argparse.Namespace) -> int:
 
         require_matplotlib()
 
-    missing = {m: why for m in models if (why := external.unavailable(m))}
+    missing = {m: why for m in models if (why := external.unavailable(m, device))}
     if missing and len(missing) == len(models):
         extras = sorted({external.EXTERNAL[m].extra for m in missing})
         print("error: none of the models asked for can run here:\n" +

@@ -263,14 +263,34 @@ def install_hint(extra: str) -> str:
     return f'pip install -e ".[{extra}]" (see docs/benchmarks.md, "External models")'
 
 
-def unavailable(name: str) -> str | None:
-    """Why external model ``name`` cannot run here (its library missing or broken), else None.
-    Zoo models are always available."""
+@functools.lru_cache(maxsize=None)
+def _fbgemm_device_problem(device_type: str) -> str | None:
+    """TorchRec's ``KeyedJaggedTensor`` computes offsets with ``fbgemm::asynchronous_complete_cumsum``:
+    the CPU-only build (``fbgemm-gpu-cpu``) has no CUDA kernel for it."""
+    if device_type == "cpu":
+        return None
+    try:
+        torch.ops.fbgemm.asynchronous_complete_cumsum(torch.ones(2, dtype=torch.int64, device=device_type))
+    except Exception as e:  # noqa: BLE001 - any failure means the rows cannot run
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return (f"fbgemm_gpu has no {device_type} kernels here ({type(e).__name__}: {first[:120]}); "
+                f"install the fbgemm-gpu build matching torch")
+    return None
+
+
+def unavailable(name: str, device: str | torch.device = "cpu") -> str | None:
+    """Why external model ``name`` cannot run here on ``device`` (its library missing or
+    broken, or TorchRec's fbgemm without kernels for the device), else None. Zoo models
+    are always available."""
     spec = EXTERNAL.get(name)
     if spec is None:
         return None
     problem = _import_problem(spec.modules)
-    return None if problem is None else f"{problem}; install it with {install_hint(spec.extra)}"
+    if problem is not None:
+        return f"{problem}; install it with {install_hint(spec.extra)}"
+    if spec.package == "torchrec":
+        return _fbgemm_device_problem(torch.device(device).type)
+    return None
 
 
 def suite_models(suite: str) -> list[str]:
@@ -294,7 +314,7 @@ def get_bench_model(name: str, size: str = "small", device: str | torch.device =
     spec = EXTERNAL.get(name)
     if spec is None:
         return get_model(name, size, device, seed)
-    problem = unavailable(name)
+    problem = unavailable(name, device)
     if problem is not None:
         raise ModuleNotFoundError(f"{name}: {problem}")
     if size not in spec.configs:

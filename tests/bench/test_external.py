@@ -94,11 +94,11 @@ def test_suites_and_names() -> None:
 def _pretend_missing(monkeypatch: pytest.MonkeyPatch, *packages: str) -> None:
     real = external.unavailable
 
-    def fake(name: str) -> str | None:
+    def fake(name: str, device: str = "cpu") -> str | None:
         spec = external.EXTERNAL.get(name)
         if spec is not None and spec.package in packages:
             return f"{spec.package} is not installed; install it with {external.install_hint(spec.extra)}"
-        return real(name)
+        return real(name, device)
 
     monkeypatch.setattr(external, "unavailable", fake)
 
