@@ -131,11 +131,8 @@ def run_command(args: argparse.Namespace) -> int:
 
     missing = {m: why for m in models if (why := external.unavailable(m, device))}
     if missing and len(missing) == len(models):
-        extras = sorted({external.EXTERNAL[m].extra for m in missing})
-        print("error: none of the models asked for can run here:\n" +
-              "\n".join(f"  {m}: {why}" for m, why in missing.items()) +
-              f"\ninstall the extra{'s' if len(extras) > 1 else ''} "
-              + " and ".join(f'".[{e}]"' for e in extras) + " (pip install -e \".[EXTRA]\")", file=sys.stderr)
+        print("error: none of the models asked for can run here:\n"
+              + "\n".join(f"  {m}: {why}" for m, why in missing.items()), file=sys.stderr)
         return 2
 
     opts = harness.BenchOptions(device=device, size=size, iters=args.iters, warmup=args.warmup,
@@ -187,7 +184,7 @@ def run_command(args: argparse.Namespace) -> int:
     this_run["rows"] = {k: this_run["rows"][k] for k in planned if k in this_run["rows"]}
     not_run = [k for k in planned if k not in skip and k not in this_run["rows"]]
     if missing:
-        print(f"skipped (library not installed): {', '.join(missing)}", file=sys.stderr)
+        print(f"skipped (not available here): {', '.join(missing)}", file=sys.stderr)
     if not_run:
         print(f"budget reached; not run ({len(not_run)}): {', '.join(not_run)}", file=sys.stderr)
     if skip & set(planned):

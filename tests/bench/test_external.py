@@ -107,8 +107,9 @@ def test_external_suite_without_the_extras_is_a_clear_error(monkeypatch, capsys)
     _pretend_missing(monkeypatch, "torchrec", "transformers")
     assert cli.main(["--suite", "external", "--mode", "infer", *FAST]) == 2
     err = capsys.readouterr().err
-    assert '".[torchrec]"' in err and '".[hf]"' in err
-    assert "torchrec_dlrm: torchrec is not installed" in err
+    assert "none of the models asked for can run here" in err
+    assert 'torchrec_dlrm: torchrec is not installed; install it with pip install -e ".[torchrec]"' in err
+    assert 'hf_gpt2: transformers is not installed; install it with pip install -e ".[hf]"' in err
     with pytest.raises(ModuleNotFoundError, match=r"\.\[hf\]"):
         external.get_bench_model("hf_gpt2")
 
@@ -121,7 +122,7 @@ def test_missing_library_gives_a_skipped_line_and_the_rest_runs(monkeypatch, tmp
     assert rc == 0
     out, err = capsys.readouterr()
     assert "hf_bert  infer  eager" in out and 'skipped: transformers is not installed; install it with pip install -e ".[hf]"' in out
-    assert "skipped (library not installed): hf_bert" in err
+    assert "skipped (not available here): hf_bert" in err
     data = results.load(str(path))
     assert results.validate(data) == []
     assert data["rows"]["dlrm/infer/eager"]["status"] == "ok"
@@ -161,3 +162,14 @@ def test_list_names_external_models(capsys) -> None:
     out = capsys.readouterr().out
     for name in external.EXTERNAL:
         assert name in out
+
+
+def test_import_problems_are_described_not_raised(tmp_path, monkeypatch) -> None:
+    assert external._import_problem(("optimus_no_such_package.models",)) == "optimus_no_such_package is not installed"
+    broken = tmp_path / "optimus_broken_package"
+    broken.mkdir()
+    (broken / "__init__.py").write_text("raise OSError('undefined symbol: _ZN3c10')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    problem = external._import_problem(("optimus_broken_package",))
+    assert problem == "optimus_broken_package failed to import: OSError: undefined symbol: _ZN3c10"
+    assert external._fbgemm_device_problem("cpu") is None
