@@ -247,15 +247,16 @@ EXTERNAL: dict[str, ExternalSpec] = {
 
 @functools.lru_cache(maxsize=None)
 def _import_problem(modules: tuple[str, ...]) -> str | None:
+    """Why ``modules`` do not all import (the package absent, or installed but broken), else None."""
     for module in modules:
         try:
             importlib.import_module(module)
-        except ImportError as e:
-            if getattr(e, "name", None) and module.startswith(e.name):  # the package itself is absent
-                return f"{e.name} is not installed"
-            return f"{module} failed to import: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         except Exception as e:  # a broken install (e.g. a torch/fbgemm ABI mismatch) must not crash the bench
-            return f"{module} failed to import: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            missing = getattr(e, "name", None) if isinstance(e, ImportError) else None
+            if missing and (module == missing or module.startswith(missing + ".")):
+                return f"{missing} is not installed"
+            first = str(e).strip().splitlines()
+            return f"{module} failed to import: {type(e).__name__}: {first[0] if first else ''}"
     return None
 
 
