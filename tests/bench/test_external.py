@@ -121,7 +121,8 @@ def test_missing_library_gives_a_skipped_line_and_the_rest_runs(monkeypatch, tmp
                    "--quiet", *FAST])
     assert rc == 0
     out, err = capsys.readouterr()
-    assert "hf_bert  infer  eager" in out and 'skipped: transformers is not installed; install it with pip install -e ".[hf]"' in out
+    assert "hf_bert  infer  eager" in out
+    assert 'skipped: transformers is not installed; install it with pip install -e ".[hf]"' in out
     assert "skipped (not available here): hf_bert" in err
     data = results.load(str(path))
     assert results.validate(data) == []
