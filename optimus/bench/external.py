@@ -260,8 +260,13 @@ def _import_problem(modules: tuple[str, ...]) -> str | None:
     return None
 
 
+# torchrec's metadata pulls the CUDA fbgemm-gpu: it and the fbgemm matching torch go in without dependencies
+TORCHREC_NO_DEPS = "pip install --no-deps torchrec==1.8.0 fbgemm-gpu-cpu==1.8.0"
+
+
 def install_hint(extra: str) -> str:
-    return f'pip install -e ".[{extra}]" (see docs/benchmarks.md, "External models")'
+    first = f"{TORCHREC_NO_DEPS} (versions matching torch 2.13), then " if extra == "torchrec" else ""
+    return f'{first}pip install -e ".[{extra}]" (see docs/benchmarks.md, "External models")'
 
 
 @functools.lru_cache(maxsize=None)

@@ -108,7 +108,8 @@ def test_external_suite_without_the_extras_is_a_clear_error(monkeypatch, capsys)
     assert cli.main(["--suite", "external", "--mode", "infer", *FAST]) == 2
     err = capsys.readouterr().err
     assert "none of the models asked for can run here" in err
-    assert 'torchrec_dlrm: torchrec is not installed; install it with pip install -e ".[torchrec]"' in err
+    assert "torchrec_dlrm: torchrec is not installed; install it with pip install --no-deps torchrec==1.8.0" in err
+    assert 'then pip install -e ".[torchrec]"' in err
     assert 'hf_gpt2: transformers is not installed; install it with pip install -e ".[hf]"' in err
     with pytest.raises(ModuleNotFoundError, match=r"\.\[hf\]"):
         external.get_bench_model("hf_gpt2")
