@@ -40,10 +40,11 @@ from typing import Any, Callable, ContextManager, Iterable, Iterator
 
 import torch
 
-from ..models import ZooModel, get_model
+from ..models import ZooModel
 from . import accuracy
 from .accuracy import Reference
 from .configs import CONFIGS, upstream_fusion_options
+from .external import get_bench_model
 
 MODES = ("train", "infer")
 LR = 0.01
@@ -284,6 +285,14 @@ def new_row(name: str, mode: str, config: str, opts: BenchOptions, error: str | 
     }
 
 
+def skipped_row(name: str, mode: str, config: str, opts: BenchOptions, reason: str) -> dict[str, Any]:
+    """The row of a model that cannot run here (an external model's library is missing)."""
+    row = new_row(name, mode, config, opts, error=reason)
+    row["status"] = "skipped"
+    row["env"] = environment(opts.device)
+    return row
+
+
 def run_config(
     name: str,
     mode: str,
@@ -317,7 +326,7 @@ def run_config(
             cudagraph_watch() as cudagraph_skips,
             accuracy.tf32_mode(False),
         ):
-            zoo = get_model(name, opts.size, opts.device, opts.seed)
+            zoo = get_bench_model(name, opts.size, opts.device, opts.seed)
             row["batch_size"] = zoo.batch_size
             runner = Runner(zoo, cfg.wrap(zoo.model, **opts.compile_kwargs()), mode, opts.lr, cudagraphs=cfg.cudagraphs)
 
