@@ -43,7 +43,7 @@ import torch
 import torch.fx as fx
 
 from ..core.group import Group, group_rule
-from ..core.symbolic import known_eq
+from ..core.symbolic import known_eq, known_sizes_eq
 from ..core.view import GraphView, getitem_users, is_int
 from ..core.vocab import Call, ParamRef, register_extern_op
 from ..kernels.embedding_ops import MODES
@@ -111,8 +111,10 @@ def _fixed_bag_size(view: GraphView, offsets: Any, idx: torch.Tensor, args: dict
     if not isinstance(offsets, fx.Node) or offsets.target is not torch.ops.prims.iota.default or args.get("include_last_offset"):
         return None
     length = offsets.args[0] if offsets.args else None
+    if isinstance(length, fx.Node):  # a symbolic length: its value
+        length = view.val(length)
     start, step = offsets.kwargs.get("start"), offsets.kwargs.get("step")
-    if start != 0 or not is_int(step) or step <= 0 or idx.dim() != 1 or length is None:
+    if start != 0 or not is_int(step) or step <= 0 or idx.dim() != 1 or not isinstance(length, (int, torch.SymInt)):
         return None
     return step if known_eq(idx.shape[0], length * step) else None
 
@@ -170,6 +172,8 @@ def lookup_of(call: Call, view: GraphView) -> Lookup | None:
                 return None
             bags = off.shape[0] - 1 if a.get("include_last_offset") else off.shape[0]
             bag_size = 0
+            if a.get("include_last_offset") and not is_int(bags) and blocker is None:
+                blocker = "include_last_offset with a symbolic number of bags"
             if not is_int(idx.shape[0]) and blocker is None:
                 blocker = "indices of symbolic (data-dependent) length: the packed offsets need each table's index count"
             if off.dtype not in _INDEX_DTYPES and blocker is None:
@@ -182,7 +186,7 @@ def lookup_of(call: Call, view: GraphView) -> Lookup | None:
         if p is None or p.dtype != w.dtype:
             if blocker is None:
                 blocker = "per-sample weights of unknown or other dtype than the table"
-    if out is not None and tuple(out.shape) != out_shape:
+    if out is not None and not known_sizes_eq(tuple(out.shape), out_shape):
         return None
     return Lookup(call, weight, indices, offsets, psw, bags, bag_size, mode, pad, rows, dim, out_shape, blocker)
 
@@ -241,7 +245,14 @@ def group_embedding_lookups(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
       -> split(optimus.grouped_embedding_bag([W_t], cat(x_t.flatten()), packed offsets,
                                               cat(psw_t), modes, pads, ...), [D_t], 1)
     Fixed bags (2-D indices, plain embeddings) pass bag sizes; jagged bags pass one offsets
-    vector: cat(offsets_t + count_0 + ... + count_{t-1}, [total]).
+    vector: cat(offsets_t + count_0 + ... + count_{t-1}, [total]). A following cat of the
+    pooled outputs then is the op's output (split_cat_to_identity).
+
+    Torch-IR: the op's autograd gives one grouped backward for every table. Aten-IR:
+    inference graphs, and plain embeddings in training forward graphs (their backward
+    graph is left as it was). Declined with the reason: max_norm, sparse=True and
+    scale_grad_by_freq where a gradient flows, mode "max", training-graph _embedding_bag
+    (its backward reads offset2bag), offsets of data-dependent length, unprofitable groups.
     """
     view = g.view
     lks = [lookup_of(c, view) for c in g.members]

@@ -344,9 +344,10 @@ def test_data_dependent_index_count_declines():
     assert any("data-dependent" in r for r in declines(run)), declines(run)
 
 
-def test_dynamic_batch_groups_fixed_bags():
+@pytest.mark.parametrize("level", LEVELS)
+def test_dynamic_batch_groups_fixed_bags(level):
     f, ps = as_function(f64(BagList(4, 10, 3)))
-    run = check_level(f, [torch.randint(0, 10, (5, 4, 2))] + ps, "torch_ir", dynamic="batch")
+    run = check_level(f, [torch.randint(0, 10, (5, 4, 2))] + ps, level, dynamic="batch", grad=level == "torch_ir")
     assert tables_per_op(run) == [4]
 
 
@@ -361,3 +362,11 @@ def test_user_mutation_of_a_table_is_respected():
     run = check_level(f, [torch.randint(0, 10, (3, 4, 2))] + _tables(4), "torch_ir")
     assert tables_per_op(run) == [3]
     assert run.ops(0)["embedding_bag"] == 1
+
+
+def test_out_of_range_index_still_raises_naming_the_table():
+    f = _three_bags(mode="sum")
+    x = torch.randint(0, 10, (3, 3, 2))
+    x[1, 2, 0] = 10  # table 2 has 10 rows
+    with pytest.raises(Exception, match="table 2"):
+        run_level(f, [x] + _tables(), "torch_ir", grad=False)
