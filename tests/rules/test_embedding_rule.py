@@ -370,3 +370,17 @@ def test_out_of_range_index_still_raises_naming_the_table():
     x[1, 2, 0] = 10  # table 2 has 10 rows
     with pytest.raises(Exception, match="table 2"):
         run_level(f, [x] + _tables(), "torch_ir", grad=False)
+
+
+@pytest.mark.parametrize("name,tables", [("dlrm", 6), ("wukong", 7)])
+def test_zoo_models_group_every_table(name, tables):
+    """The zoo's dlrm (EmbeddingBags in a ModuleList, cat + split after) and wukong (the
+    shared DenseSparseFeatures front end of wukong, dhen, dcnv2): one grouped op each."""
+    from optimus.models import get_model
+
+    zoo = get_model(name, "small")
+    f, ps = as_function(zoo.model.double())
+    inputs = [t.double() if t.is_floating_point() else t for t in zoo.inputs]
+    run = check_level(f, inputs + ps, "torch_ir")
+    assert tables_per_op(run) == [tables]
+    assert run.ops(0)["embedding"] + run.ops(0)["embedding_bag"] == 0
