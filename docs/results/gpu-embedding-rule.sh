@@ -30,3 +30,9 @@ for m in ("dlrm", "wukong", "dhen"):
     f = lambda v, p=0: "-" if v is None else (f"{v:.{p}f}" if isinstance(v, float) else str(v))
     print(f"{m:8} {f(ki):>10} {f(ko):>9} {f(ti, 2):>8} {f(to, 2):>8} {f(sp, 2):>7}  {goal}  {o.get('status', 'missing')}")
 EOF
+# Optional (VARIANTS=1, about 2 more minutes): dlrm without the rule (today's row, same run) and
+# with the atomic backward.
+if [ "${VARIANTS:-0}" = 1 ]; then
+  timeout -k 5 200 python docs/results/emb_rule_variants.py --model dlrm --mode train --device cuda --size realistic \
+      --configs optimus-noemb,optimus-atomic --repeats 3 --quiet --json "$OUT/emb-rule-train.json"
+fi
