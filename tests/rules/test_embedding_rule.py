@@ -384,3 +384,25 @@ def test_zoo_models_group_every_table(name, tables):
     run = check_level(f, inputs + ps, "torch_ir")
     assert tables_per_op(run) == [tables]
     assert run.ops(0)["embedding"] + run.ops(0)["embedding_bag"] == 0
+
+
+@pytest.mark.slow  # an Inductor CPU compile: 10-80 s on the shared machine
+def test_inductor_compiles_the_aten_ir_rewrite_of_jagged_bags():
+    """End to end through Inductor (CPU), Aten-IR only: the packed offsets (a constant total
+    as a graph buffer) and the custom op as an extern kernel."""
+    import optimus
+
+    gen = torch.Generator().manual_seed(5)
+    ws = [torch.randn(12, d, generator=gen) for d in (3, 5, 2, 4)]
+    xs = [torch.randint(0, 12, (n,), generator=gen) for n in (7, 4, 9, 5)]
+    offs = [torch.tensor([0, 2, 2, 5]), torch.tensor([0, 1, 3, 3], dtype=torch.int32), torch.tensor([0, 0, 4, 8]), torch.tensor([0, 1, 2, 3])]
+
+    def f(xs, offs, ws):
+        return torch.cat([F.embedding_bag(x, w, o, mode="sum") for x, o, w in zip(xs, offs, ws)], 1) * 2
+
+    torch._dynamo.reset()
+    compiled = optimus.compile(f, passes={"torch_ir": "none", "aten_ir": "all", "inductor_ir": "none"})
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(xs, offs, ws), f(xs, offs, ws))
+    matched = [g.rules[RULE].matched for g in compiled.optimus_report.graphs if RULE in g.rules]
+    assert matched == [1]
