@@ -27,10 +27,11 @@ queries, so grouping stays linear in the graph size).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, ClassVar, Hashable, Mapping
+from typing import Any, Callable, ClassVar, Hashable, Mapping, Protocol
 
 import torch.fx as fx
 
+from . import collectives
 from .rule import Match, Rule, rule_decorator
 from .symbolic import size_hint
 from .view import GraphView
@@ -39,7 +40,12 @@ from .vocab import Call
 
 class Group(Match):
     """The members of one group, plus read-only helpers: the match of a group rule (what its
-    conditions and replacement receive, like ``Match`` for pattern rules)."""
+    conditions and replacement receive, like ``Match`` for pattern rules).
+
+    ``planned``: a planner judges this group once it is built (``passes="auto"``), so a
+    rule's own rough profitability heuristics (launch counts, byte caps) step aside."""
+
+    planned: bool = False
 
     def __init__(self, rule: "GroupRule", members: list[Call], key: Any, view: GraphView, options: dict[str, Any]) -> None:
         self.rule = rule
@@ -87,6 +93,23 @@ class GroupRule(Rule):
         return (*super().code(), self.key)
 
 
+class GroupPlanner(Protocol):
+    """What the FX driver asks about horizontal groups when a planner is attached
+    (``passes="auto"``; the implementation is ``optimus.planner.plan.Planner``)."""
+
+    def round_started(self, view: GraphView, report: Any) -> None:
+        """A round of group rules starts on ``view``'s graph as it is now."""
+
+    def chunk(self, view: GraphView, members: list[fx.Node], min_group: int) -> tuple[int, str] | None:
+        """``None`` if the group may run whole; else the members per chunk (0: none) and why."""
+
+    def judge(self, view: GraphView, rule: str, anchor: fx.Node, members: list[fx.Node], new_nodes: list[fx.Node]) -> str | None:
+        """Why the built replacement should not be committed, if it should not."""
+
+    def accepted(self, members: list[fx.Node]) -> None:
+        """The group was committed."""
+
+
 group_rule = rule_decorator(
     GroupRule,
     "anchors",
@@ -122,6 +145,7 @@ def find_groups(
 ) -> list[Group]:
     """Candidate groups for ``rule`` over the whole graph (see module docstring)."""
     depth = depth if depth is not None else depths(view.graph)
+    segment = collectives.segments(view.graph)  # groups never span a collective
     buckets: dict[tuple[Any, int], list[Call]] = {}
     for call in calls if calls is not None else classify_all(view):
         node = call.node
@@ -135,6 +159,8 @@ def find_groups(
             decline(node, reason)
             continue
         buckets.setdefault((key, depth[node]), []).append(call)
+    if segment is not None:
+        buckets = collectives.split_buckets(buckets, segment, decline)
     groups: list[Group] = []
     lo, hi = options["min_group"], options["max_group"]
     for (key, _), calls in buckets.items():
