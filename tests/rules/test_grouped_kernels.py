@@ -285,3 +285,18 @@ def test_dynamic_batch_is_left_alone():
     run = check_level(f, [torch.randn(4, 25)] + ps, "torch_ir", dynamic="batch")
     assert not custom_calls(run.graphs[0], "grouped_linear")
 
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_non_contiguous_inputs_are_packed_by_copy(level):
+    torch.manual_seed(14)
+    ks, ns = [3, 5, 7, 4, 6], [4, 6, 3, 8, 5]
+    xs = [torch.randn(k, 6) for k in ks]  # used transposed: (6, k) with strides (1, 6)
+    ws = [torch.randn(n, k) for k, n in zip(ks, ns)]
+
+    def f(*a):
+        x, w = a[:5], a[5:]
+        return torch.cat([torch.relu(F.linear(xi.t(), wi)) for xi, wi in zip(x, w)], 1)
+
+    run = check_level(f, xs + ws, level, grad=level == "torch_ir")
+    assert run.matched("grouped_linear" if level == "torch_ir" else "grouped_mm") == 1
