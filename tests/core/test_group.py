@@ -112,3 +112,20 @@ def test_the_guard_declines_members_that_came_to_depend_on_each_other():
     assert rule.decline_reason(group) == DEPENDENT
     ok = Group(rule, [lin[0], lin[2]], None, view, rule.option_defaults())
     assert rule.decline_reason(ok) != DEPENDENT
+
+
+def test_dhen_layer_norms_feeding_one_cat_from_different_depths_merge():
+    """The zoo's dhen: per layer, five LayerNorms of one width reach the layer's cat from
+    different depths; depth buckets only ever paired them (and declined). Now one group per layer."""
+    from optimus.models import get_model
+
+    zoo = get_model("dhen", "small")
+    names = [n for n, _ in zoo.model.named_parameters()]
+    k = len(zoo.inputs)
+
+    def f(*a):
+        return torch.func.functional_call(zoo.model, dict(zip(names, a[k:])), tuple(a[:k]))
+
+    run = check_level(f, list(zoo.inputs) + [p.detach() for p in zoo.model.parameters()], "torch_ir")
+    assert run.matched("batch_layer_norm") == 2
+    assert run.ops(0)["layer_norm"] == 4  # 12 before: 2 layers x 5 merged, 2 others stay
