@@ -300,3 +300,40 @@ def test_non_contiguous_inputs_are_packed_by_copy(level):
 
     run = check_level(f, xs + ws, level, grad=level == "torch_ir")
     assert run.matched("grouped_linear" if level == "torch_ir" else "grouped_mm") == 1
+
+
+def _interpreter_problem():
+    """Why the kernels cannot run in Triton's CPU interpreter here (None if they can): the
+    probe of the kernel tests (tests/kernels/kernels_testutil.py)."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "kernels" / "kernels_testutil.py"
+    spec = importlib.util.spec_from_file_location("_kernels_testutil_for_rules", path)
+    util = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(util)
+    if not util.HAS_TRITON:
+        return "triton not installed"
+    return util.INTERPRETER_PROBLEM
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU + Triton interpreter test")
+def test_rewritten_graph_runs_the_triton_kernels_in_the_interpreter(monkeypatch):
+    """The packed operands the rules build are what the Triton kernels take: the same
+    numerics through the kernels (Triton's CPU interpreter) as through eager."""
+    from optimus import kernels as K
+    from optimus.kernels import _routing
+
+    problem = _interpreter_problem()
+    if problem:
+        pytest.skip(problem)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    K.set_backend("triton")
+    try:
+        torch.manual_seed(15)
+        f, ps = params_as_inputs(HeteroTowers(act=torch.relu))
+        run = check_level(f, [torch.randn(3, 25)] + ps, "torch_ir")
+        assert run.matched("grouped_linear") == 1 and run.matched("batched_layer_norm") == 1
+        assert {"gl", "ln"} <= set(_routing._MODS)  # the kernel modules were launched
+    finally:
+        K.set_backend("auto")
