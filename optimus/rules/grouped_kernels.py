@@ -72,11 +72,13 @@ def _ops() -> Any:
 
 
 def _static_shape(view: GraphView, value: Any) -> tuple[int, ...] | None:
-    """The value's shape if every size is a plain int (the ops take int lists)."""
+    """The value's shape if every size is a plain, non-zero int (the ops take int lists;
+    empty members are left to the ops they are)."""
     if isinstance(value, ParamRef):
-        return tuple(view.gm.get_parameter(value.target).shape)
-    shape = view.shape(value)
-    if shape is None or not all(is_int(s) for s in shape):
+        shape = tuple(view.gm.get_parameter(value.target).shape)
+    else:
+        shape = view.shape(value)
+    if shape is None or not all(is_int(s) and s > 0 for s in shape):
         return None
     return tuple(int(s) for s in shape)
 
