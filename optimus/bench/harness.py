@@ -359,7 +359,12 @@ def run_config(
                     ms = statistics.median(medians)
                     if count_late:
                         _count_kernels(row, runner, dev, generated)
-                    row["peak_memory_bytes"], row["memory_method"] = _peak_memory(runner.step, dev)
+                    if count_late:  # a replay allocates nothing: its memory was taken at capture
+                        row["peak_memory_bytes"] = None
+                        row["memory_method"] = ("n/a under CUDA graphs: the graph's pool is allocated at capture, "
+                                                "so max_memory_allocated over a replay does not see it")
+                    else:
+                        row["peak_memory_bytes"], row["memory_method"] = _peak_memory(runner.step, dev)
             row["step_ms"] = ms
             if opts.repeats > 1:
                 row["step_ms_repeats"] = medians

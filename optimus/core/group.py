@@ -37,10 +37,11 @@ bounded by the group's span) and declines with that reason if they now do.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, ClassVar, Hashable, Mapping
+from typing import Any, Callable, ClassVar, Hashable, Mapping, Protocol
 
 import torch.fx as fx
 
+from . import collectives
 from .rule import Match, Rule, rule_decorator
 from .symbolic import size_hint
 from .view import GraphView
@@ -53,7 +54,12 @@ DEPENDENT = "members depend on each other (an earlier fusion joined their paths)
 
 class Group(Match):
     """The members of one group, plus read-only helpers: the match of a group rule (what its
-    conditions and replacement receive, like ``Match`` for pattern rules)."""
+    conditions and replacement receive, like ``Match`` for pattern rules).
+
+    ``planned``: a planner judges this group once it is built (``passes="auto"``), so a
+    rule's own rough profitability heuristics (launch counts, byte caps) step aside."""
+
+    planned: bool = False
 
     def __init__(self, rule: "GroupRule", members: list[Call], key: Any, view: GraphView, options: dict[str, Any]) -> None:
         self.rule = rule
@@ -107,6 +113,23 @@ class GroupRule(Rule):
         if depend_on_each_other(match.nodes):
             return DEPENDENT
         return super().decline_reason(match)
+
+
+class GroupPlanner(Protocol):
+    """What the FX driver asks about horizontal groups when a planner is attached
+    (``passes="auto"``; the implementation is ``optimus.planner.plan.Planner``)."""
+
+    def round_started(self, view: GraphView, report: Any) -> None:
+        """A round of group rules starts on ``view``'s graph as it is now."""
+
+    def chunk(self, view: GraphView, members: list[fx.Node], min_group: int) -> tuple[int, str] | None:
+        """``None`` if the group may run whole; else the members per chunk (0: none) and why."""
+
+    def judge(self, view: GraphView, rule: str, anchor: fx.Node, members: list[fx.Node], new_nodes: list[fx.Node]) -> str | None:
+        """Why the built replacement should not be committed, if it should not."""
+
+    def accepted(self, members: list[fx.Node]) -> None:
+        """The group was committed."""
 
 
 group_rule = rule_decorator(
@@ -166,6 +189,7 @@ def find_groups(
     calls: list[Call] | None = None,
 ) -> list[Group]:
     """Candidate groups for ``rule`` over the whole graph (see module docstring)."""
+    segment = collectives.segments(view.graph)  # groups never span a collective
     keyed: dict[Any, list[Call]] = {}
     for call in calls if calls is not None else classify_all(view):
         node = call.node
@@ -178,7 +202,9 @@ def find_groups(
         if reason:
             decline(node, reason)
             continue
-        keyed.setdefault(key, []).append(call)
+        keyed.setdefault((key, 0), []).append(call)
+    if segment is not None:  # one bucket per (key, side of every collective)
+        keyed = collectives.split_buckets(keyed, segment, decline)
     buckets = {k: cs for k, cs in keyed.items() if len(cs) > 1}  # a lone candidate has nothing to merge with
     if not buckets:
         return []
@@ -198,7 +224,7 @@ def find_groups(
             for c in members:
                 decline(c.node, f"group of {len(members)} is below min_group={lo}")
 
-    for key, cs in buckets.items():
+    for (key, _), cs in buckets.items():
         cs = sorted(cs, key=lambda c: position[c.node])
         open_groups: list[list[Any]] = []  # [members, bitset of the members, position of the first]
         for c in cs:

@@ -142,10 +142,11 @@ class Liveness:
 class MemoryBudget:
     """The curve with every accepted group applied, against an allowed peak."""
 
-    def __init__(self, live: Liveness, allowed_increase: float) -> None:
+    def __init__(self, live: Liveness, allowed_increase: float, slack_bytes: float = 0.0) -> None:
         self.live = live
         self.base_peak = live.peak
-        self.allowed = self.base_peak * (1.0 + allowed_increase)
+        # a fraction of the peak, but never less than ``slack_bytes`` (tiny graphs)
+        self.allowed = self.base_peak + max(self.base_peak * allowed_increase, slack_bytes)
         self.curve = live.curve.copy()
 
     def increase(self, delta: np.ndarray) -> float:

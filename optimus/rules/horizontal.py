@@ -66,6 +66,10 @@ def _stacked_bytes(g: Group, operand_lists: list[list[Any]]) -> int:
 
 
 def _profitable(g: Group, operand_lists: list[list[Any]]) -> None:
+    """The rules' own heuristic: fewer launches, bounded stacked bytes. Under
+    ``passes="auto"`` the planner prices the built group instead (device time, memory)."""
+    if g.planned:
+        return
     before, after = _launch_count(g, operand_lists)
     if after >= before:
         g.decline(f"not profitable: {before} kernels would become {after} (stack copies included)")
