@@ -5,12 +5,14 @@
 # stack + bmm, plus the gradient-layout rule) and splitcat. Small configs (the kernel
 # targets of issue 15 are per step, about the same at both sizes), then hetero_towers
 # realistic for the step-time target. Rows go to $OUT/hfuse-train.json; each bench call
-# prints its table last. About 3 minutes on the H200 (4 compile workers).
+# prints its table last. About 3 minutes on the H200 (4 compile workers; --budget-minutes
+# stops starting rows that would overrun, so late rows may be missing: rerun with
+# --skip-existing to fill them in).
 #
 #   OUT=/tmp/out bash docs/results/gpu-hfuse.sh
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-CFG=inductor,optimus,inductor-cudagraphs,optimus-cudagraphs
+CFG=inductor,optimus,optimus-auto,inductor-cudagraphs,optimus-cudagraphs
 timeout 150 python -m optimus.bench --model hetero_towers,towers32,splitcat --mode train --size small \
     --configs $CFG --iters 20 --warmup 3 --workers 4 --budget-minutes 2 --json $OUT/hfuse-train.json 2>&1 | tail -16
 timeout 60 python -m optimus.bench --model hetero_towers --mode train --size realistic \
