@@ -14,6 +14,6 @@ set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 CFG=inductor,optimus,optimus-auto,inductor-cudagraphs,optimus-cudagraphs
 timeout 150 python -m optimus.bench --model hetero_towers,towers32,splitcat --mode train --size small \
-    --configs $CFG --iters 20 --warmup 3 --workers 4 --budget-minutes 2 --json $OUT/hfuse-train.json 2>&1 | tail -16
+    --configs $CFG --iters 20 --warmup 3 --workers 4 --budget-minutes 2 --json $OUT/hfuse-train.json 2>&1 | tail -20
 timeout 60 python -m optimus.bench --model hetero_towers --mode train --size realistic \
     --configs inductor,optimus --iters 20 --warmup 3 --workers 2 --budget-minutes 0.8 --json $OUT/hfuse-train-realistic.json 2>&1 | tail -6
