@@ -31,7 +31,7 @@ from typing import Any, Iterable
 
 import torch.fx as fx
 
-from .group import Group, GroupPlanner, GroupRule, classify_all, depths, find_groups
+from .group import Group, GroupPlanner, GroupRule, classify_all, find_groups
 from .report import GraphReport, RuleStats
 from .rule import Builder, Decline, PatternRule, Rule
 from .safety import AliasAnalysis
@@ -108,8 +108,7 @@ class Driver:
         calls = [c for c in classify_all(self.view) if c.op in rule.anchors]
         if not calls:
             return 0
-        depth = depths(self.graph)
-        for group in find_groups(self.view, rule, options, excluded, lambda n, r: stats.decline(n.name, r), calls, depth):
+        for group in find_groups(self.view, rule, options, excluded, lambda n, r: stats.decline(n.name, r), calls):
             if self.rewrites >= self.max_rewrites:
                 break
             fused += self._try_group(rule, group, stats)

@@ -15,6 +15,8 @@ from typing import Any, Hashable
 import torch.fx as fx
 
 from ..core.group import Group, group_rule
+from ..core.pattern import Lit, Op, Var
+from ..core.rule import rule
 from ..core.view import GraphView, is_int
 from ..core.vocab import POINTWISE, Call, ParamRef
 from ._facts import emittable_shape, part_of, segment_of
@@ -291,3 +293,39 @@ def batch_mm(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
         bias = b.unsqueeze(bias, 1)
     a0 = g.members[0].args
     return _unbind_results(g, b, b.baddbmm(bias, x, w, a0.get("beta", 1), a0.get("alpha", 1)))
+
+
+# ------------------------------------------------------ gradient layout (backward)
+def _feeds_gradients_only(m: Any) -> bool:
+    """the transposed product is not only a gradient of a backward graph (through views)"""
+    view = m.view
+    product = m.product.node if isinstance(m.product, Call) else m.product
+    if not view.outputs_are_gradients() or len(product.users) != 1:
+        return False
+    stack, seen = [m.anchor.node], set()
+    while stack:
+        node = stack.pop()
+        for user in node.users:
+            if user.op == "output":
+                continue
+            call = view.classify(user)
+            if call is None or call.op not in ("select", "slice", "squeeze", "unbind", "getitem", "view", "reshape") or user in seen:
+                return False
+            seen.add(user)
+            stack.append(user)
+    return True
+
+
+@rule(Op("permute", Op("bmm", Var("a"), Var("b")).bind("product"), Lit([0, 2, 1])), where=[_feeds_gradients_only], levels=("aten_ir",), priority=60)
+def transpose_bmm_for_gradient_layout(m: Any, b: Any) -> fx.Node:
+    """A transposed batched product handed back as gradients is computed transposed, so
+    the gradients arrive in row-major layout (each weight's own strides: AccumulateGrad
+    takes them as they are instead of copying each).
+
+    bmm(a, b).permute(0, 2, 1) -> bmm(b.permute(0, 2, 1), a.permute(0, 2, 1))
+
+    This is the weight gradient of ``batch_linear``: its forward ``bmm(x, stack(w).mT)``
+    differentiates to ``bmm(x.mT, dy).mT``, whose per-member slices have strides (1, N)
+    against the parameters' (K, 1); ``bmm(dy.mT, x)`` gives the same values row-major.
+    """
+    return b.bmm(b.permute(m.b, [0, 2, 1]), b.permute(m.a, [0, 2, 1]))
