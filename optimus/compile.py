@@ -50,6 +50,11 @@ DEFAULT_PASSES = "auto"  # the planner chooses (docs/planner.md); presets stay a
 TUNE_CANDIDATES = ("auto", "all", "vertical", "none")  # what tune=True measures per graph
 # Inductor's own autotuning is left out of the trial compiles (it would multiply their cost
 # by the GEMM search); the chosen plan compiles with it.
+# Rules that emit our Triton custom ops. Under CUDA graphs (mode="reduce-overhead") the ops'
+# cached device tables and buffers stay alive across capture, which cudagraph trees refuse
+# at the first replay ("tensors in the cudagraph pool not tracked as outputs", H200 run 4 of
+# 2026-12-01): until the ops are capture-clean, those rules do not run there.
+CUDAGRAPH_UNSAFE_RULES = ("grouped_linear", "grouped_mm", "batched_layer_norm", "group_embedding_lookups")
 TRIAL_OPTIONS_OFF = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise", "coordinate_descent_tuning")
 
 
@@ -207,15 +212,27 @@ class Session:
         user = compat.user_hooks(options)
         self._note_user_setup(user)
         plain = {**options, **safety_net.hook_patches(user, {})}
+        self.config = self.base_config
         if self.base_config.planned:
             context = planner_plan.Context.of_compile(example_inputs, options, self.tune)
-            if context.tune:
-                chosen = self._tuned(gm, example_inputs, options, context)
-                if chosen is not None:
-                    self.config = chosen
-                    return self._compile(gm, example_inputs, options, user, plain)
-            self._plan(context)
+            chosen = self._tuned(gm, example_inputs, options, context) if context.tune else None
+            if chosen is not None:
+                self.config = chosen
+            else:
+                self._plan(context)
+        self.config = self._without_capture_unsafe_rules(self.config, options)
         return self._compile(gm, example_inputs, options, user, plain)
+
+    def _without_capture_unsafe_rules(self, config: PassConfig, options: dict[str, Any]) -> PassConfig:
+        """Under CUDA graphs, the rules in ``CUDAGRAPH_UNSAFE_RULES`` are left out (said once)."""
+        if not options.get("triton.cudagraphs"):
+            return config
+        rules = {lv: tuple(r for r in names if r not in CUDAGRAPH_UNSAFE_RULES) for lv, names in config.rules.items()}
+        dropped = sorted({r for names in config.rules.values() for r in names} & set(CUDAGRAPH_UNSAFE_RULES))
+        if not dropped:
+            return config
+        self.note_once(f"CUDA graphs: {', '.join(dropped)} off (their Triton ops keep buffers alive across graph capture, which cudagraph trees refuse)")
+        return dataclasses.replace(config, rules=rules)
 
     def _plan(self, context: "planner_plan.Context") -> None:
         """Attach this compile's planner (``passes="auto"``) and its choice of rules."""

@@ -262,3 +262,13 @@ def test_a_stack_of_consecutive_parts_is_priced_as_the_view_it_becomes():
     stacks = [n for n in gm.graph.nodes if n.target is torch.stack]
     in_order, shuffled = (estimate.node_cost(view, s, H200ISH, True) for s in stacks)
     assert in_order.kernels == 0 and shuffled.kernels == 1
+
+
+def test_cuda_graphs_leave_out_the_rules_that_emit_our_custom_ops():
+    session = oc.Session(resolve("all"))
+    kept = session._without_capture_unsafe_rules(session.base_config, {"triton.cudagraphs": True})
+    names = {r for rules in kept.rules.values() for r in rules}
+    assert not names & set(oc.CUDAGRAPH_UNSAFE_RULES)
+    assert "batch_linear" in names  # the other rules stay
+    assert any("CUDA graphs:" in n and "grouped_linear" in n for n in session.report.notes)
+    assert session._without_capture_unsafe_rules(session.base_config, {}) is session.base_config
