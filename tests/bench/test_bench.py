@@ -300,8 +300,8 @@ def test_configurations_pass_mode_and_dynamic(monkeypatch) -> None:
     assert seen == [
         ("torch", {"fullgraph": True, "dynamic": True}),
         ("torch", {"fullgraph": True, "dynamic": True, "mode": "reduce-overhead"}),
-        ("optimus", {"passes": "all", "fullgraph": True, "dynamic": True}),
-        ("optimus", {"passes": "all", "fullgraph": True, "dynamic": True, "mode": "reduce-overhead"}),
+        ("optimus", {"passes": "all", "fullgraph": True, "tune": False, "dynamic": True}),
+        ("optimus", {"passes": "all", "fullgraph": True, "tune": False, "dynamic": True, "mode": "reduce-overhead"}),
     ]
     assert configs.CONFIGS["inductor-cudagraphs"].cudagraphs and not configs.CONFIGS["inductor"].cudagraphs
     assert harness.BenchOptions(dynamic=True).compile_kwargs() == {"dynamic": True}
