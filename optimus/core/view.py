@@ -106,6 +106,7 @@ class GraphView:
         self.graph = gm.graph
         self._fake_mode: Any = None
         self._fake_mode_known = False
+        self._foreign: dict[int, tuple[Any, Any]] = {}  # id(fake of another mode) -> (it, remade in ours)
         # node -> (args tuple, kwargs dict, Call): valid while the node's arguments are the
         # same objects (FX replaces the tuple whenever an input is rewired).
         self._calls: dict[fx.Node, tuple[Any, Any, Call | None]] = {}
@@ -259,16 +260,45 @@ class GraphView:
 
     # ---------------------------------------------------------------- fake meta
     def fake_mode(self) -> Any:
+        """The graph's own fake mode: the one of its metadata (the first fake value's;
+        Dynamo, AOTAutograd, ``torch.export`` and symbolic ``make_fx`` use one per
+        graph). New nodes' metadata is computed in it; never in a mode of our own."""
         if not self._fake_mode_known:
             from torch._subclasses.fake_tensor import FakeTensor
 
             for n in self.graph.nodes:
                 v = n.meta.get(self.meta_key)
+                if isinstance(v, (tuple, list)):
+                    v = next((x for x in v if isinstance(x, FakeTensor)), None)
                 if isinstance(v, FakeTensor):
                     self._fake_mode = v.fake_mode
                     break
             self._fake_mode_known = True
         return self._fake_mode
+
+    def _in_graph_mode(self, value: Any) -> Any:
+        """``value`` as a fake tensor of the graph's mode.
+
+        ``make_fx`` in its default (real) tracing mode records every node's metadata in a
+        fake mode of its own; fake tensors of two modes cannot meet in one op ("Mixing
+        fake modes NYI"). A foreign one is remade in the graph's mode with the same
+        size, strides, storage offset, dtype and device (cached, so one value stays one
+        tensor across evaluations).
+        """
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        mode = self.fake_mode()
+        if not isinstance(value, FakeTensor) or mode is None or value.fake_mode is mode:
+            return value
+        cached = self._foreign.get(id(value))
+        if cached is not None and cached[0] is value:
+            return cached[1]
+        with mode, torch.no_grad():
+            storage = torch.empty(value.untyped_storage().nbytes() // max(value.element_size(), 1), dtype=value.dtype, device=value.device)
+            remade = storage.as_strided(value.shape, value.stride(), value.storage_offset())
+        remade.requires_grad_(value.requires_grad)
+        self._foreign[id(value)] = (value, remade)
+        return remade
 
     def value_of_tensor(self, t: torch.Tensor) -> Any:
         """The metadata value for a real tensor (a fake copy when the graph is fake)."""
@@ -301,7 +331,10 @@ class GraphView:
                     return replace[a]
                 if self.meta_key not in a.meta:
                     raise ValueError(f"no {self.meta_key!r} metadata on {a.name}")
-                return a.meta[self.meta_key]
+                v = a.meta[self.meta_key]
+                if isinstance(v, (tuple, list)):
+                    return type(v)(self._in_graph_mode(x) for x in v)
+                return self._in_graph_mode(v)
             return a
 
         if node.target is operator.getitem and isinstance(node.args[0], fx.Node) and is_int(node.args[1]):

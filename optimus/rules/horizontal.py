@@ -15,6 +15,7 @@ from typing import Any, Hashable
 import torch.fx as fx
 
 from ..core.group import Group, group_rule
+from ..core.symbolic import known_eq
 from ..core.view import GraphView, is_int
 from ..core.vocab import POINTWISE, Call, ParamRef
 from ._facts import emittable_shape, part_of, segment_of
@@ -215,8 +216,10 @@ def _pointwise_key(call: Call, view: GraphView) -> Hashable:
     x = a.get("input")
     if not isinstance(x, fx.Node) or view.rank(x) is None:
         return None
-    if call.op == "dropout" and a.get("training") and a.get("p", 0) > 0:
-        return None  # random: batching would draw different numbers than the members did
+    if call.op == "dropout" and not (known_eq(a.get("training"), False) or known_eq(a.get("p", 0), 0)):
+        # random (or possibly random: ``p`` or ``training`` may be graph inputs under
+        # dynamic shapes): batching would draw different numbers than the members did
+        return None
     parts = [call.op]
     for name in sorted(a):
         v = a[name]
