@@ -123,8 +123,11 @@ class GraphView:
         return v if isinstance(v, torch.Tensor) else None
 
     def shape(self, node: Any) -> tuple[Any, ...] | None:
+        """The node's sizes; a ``SymInt`` the shape environment folded to a constant (a dim
+        Dynamo specialized, under ``dynamic=True`` every dim starts symbolic) as an int,
+        so rules see ``(s0, 8)``, not ``(s0, SymInt(8))``."""
         v = self.tensor_val(node)
-        return tuple(v.shape) if v is not None else None
+        return tuple(_constant_or_symbol(s) for s in v.shape) if v is not None else None
 
     def rank(self, node: Any) -> int | None:
         v = self.tensor_val(node)
@@ -396,6 +399,14 @@ class GraphView:
             return bool(node.is_impure())
         except Exception:  # pragma: no cover - defensive across torch versions
             return True
+
+
+def _constant_or_symbol(size: Any) -> Any:
+    if isinstance(size, torch.SymInt):
+        maybe = getattr(size.node, "maybe_as_int", None)
+        out = maybe() if maybe is not None else None
+        return int(out) if out is not None else size
+    return size
 
 
 def _clamp_slice(start: Any, end: Any, size: Any) -> tuple[Any, Any]:

@@ -15,7 +15,7 @@ from typing import Any, Hashable
 import torch.fx as fx
 
 from ..core.group import Group, group_rule
-from ..core.symbolic import known_eq
+from ..core.symbolic import known_eq, sym_key
 from ..core.view import GraphView, is_int
 from ..core.vocab import POINTWISE, Call, ParamRef
 from ._facts import emittable_shape, part_of, segment_of
@@ -33,7 +33,8 @@ def _sig(view: GraphView, value: Any) -> Hashable:
         v = view.tensor_val(value)
         if v is None:
             return None
-        return ("tensor", tuple(str(s) for s in v.shape), str(v.dtype), str(v.device))
+        # sizes by their simplified expressions: equal keys mean provably equal sizes
+        return ("tensor", tuple(sym_key(s) for s in v.shape), str(v.dtype), str(v.device))
     if isinstance(value, (list, tuple)):
         return ("seq", tuple(_sig(view, x) for x in value))
     return ("const", repr(value))
@@ -228,7 +229,7 @@ def _pointwise_key(call: Call, view: GraphView) -> Hashable:
             return None
         parts.append((name, sig))
     out = view.tensor_val(call.node)
-    if out is None or tuple(str(s) for s in out.shape) != _sig(view, x)[1]:
+    if out is None or tuple(sym_key(s) for s in out.shape) != _sig(view, x)[1]:
         return None  # the op broadcasts its input: members would not line up
     return tuple(parts)
 

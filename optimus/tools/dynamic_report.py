@@ -183,14 +183,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             for setting in args.settings.split(","):
                 row = measure(name, mode, setting)
                 rows.append(row)
+                if args.json:  # after every row: a long run interrupted keeps what it measured
+                    _write(args.json, rows)
                 print(f"{name:12} {mode:10} {setting:13} rewrites={row.get('rewrites')} crash={row['crash']} "
                       f"recompiled={row.get('recompiled')} ({row['time_s']} s)", file=sys.stderr, flush=True)
     print(table(rows))
-    if args.json:
-        meta = {"date": datetime.date.today().isoformat(), "torch": torch.__version__, "device": "cpu", "size": "small"}
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1, default=str)
     return 0
+
+
+def _write(path: str, rows: list[dict[str, Any]]) -> None:
+    meta = {"date": datetime.date.today().isoformat(), "torch": torch.__version__, "device": "cpu", "size": "small"}
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1, default=str)
 
 
 if __name__ == "__main__":
