@@ -50,8 +50,9 @@ def _stack_is_free(view: GraphView, items: list[Any]) -> bool:
         return [p.index for p in parts] == list(range(parts[0].index, parts[0].index + len(parts)))
     segs = [segment_of(view, i) for i in items]
     if all(s is not None for s in segs) and len({(id(s.source), s.dim) for s in segs}) == 1:
-        sizes = {s.end - s.start for s in segs}
-        return len(sizes) == 1 and all(a.end == b.start for a, b in zip(segs, segs[1:]))
+        # bounds may be symbolic: equal sizes and adjacency must be provable, not hinted
+        width = segs[0].end - segs[0].start
+        return all(known_eq(s.end - s.start, width) for s in segs) and all(known_eq(a.end, b.start) for a, b in zip(segs, segs[1:]))
     return False
 
 
