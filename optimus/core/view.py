@@ -304,9 +304,13 @@ class GraphView:
         return remade
 
     def value_of_tensor(self, t: torch.Tensor) -> Any:
-        """The metadata value for a real tensor (a fake copy when the graph is fake)."""
+        """The metadata value for a real tensor (a fake copy when the graph is fake).
+
+        Static sizes: a constant's sizes are what they are; a mode with a shape
+        environment would otherwise give them fresh symbols, and every rule reading them
+        would then need a guard to learn them back."""
         mode = self.fake_mode()
-        return mode.from_tensor(t) if mode is not None else t
+        return mode.from_tensor(t, static_shapes=True) if mode is not None else t
 
     def _run_context(self) -> contextlib.AbstractContextManager[Any]:
         mode = self.fake_mode()

@@ -9,7 +9,7 @@ records (dead-code removal left out):
 * ``mark_dynamic``: the default ``dynamic`` with ``torch._dynamo.mark_dynamic(x, 0)`` on
   every input (the batch dim).
 
-For the two symbolic settings it then runs a second batch size and records whether the
+For the two symbolic settings it then runs a second batch size (``batch + 3``) and records whether the
 model compiled again (Dynamo's frame counter) and whether both batches match eager. A
 compile that raises is recorded, never hidden. The table lists, per model and mode,
 the three counts and the ratio to static; the JSON has every count per rule and level,
@@ -46,10 +46,11 @@ def _fresh_caches() -> None:
 
 
 def second_batch(inputs: Sequence[torch.Tensor], batch: int) -> tuple[torch.Tensor, ...]:
-    """The inputs at another batch size (every zoo input has the batch as dim 0): the
-    first ``batch - 3`` rows (a size no compile saw, not 0 or 1)."""
-    n = max(batch - 3, 2)
-    return tuple(t[:n].clone() for t in inputs)
+    """The inputs at another batch size (every zoo input has the batch as dim 0):
+    ``batch + 3`` rows, the last three repeating the first (a size no compile saw; larger,
+    because a model may itself guard the batch from below: DHEN's conv1d adds
+    ``batch >= 16`` while Dynamo traces it)."""
+    return tuple(torch.cat([t, t[:3]]) for t in inputs)
 
 
 def _step(model: torch.nn.Module, inputs: Sequence[torch.Tensor], training: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:

@@ -1,7 +1,7 @@
 """The zoo under symbolic shapes: ``dynamic=True`` and ``mark_dynamic`` on the batch dim.
 
 Each case compiles a small config once (``optimus.tools.dynamic_report.measure``), runs
-it at the traced batch and at ``batch - 3``, and asserts: no crash, no rule error,
+it at the traced batch and at ``batch + 3``, and asserts: no crash, no rule error,
 outputs (and gradients, in training) equal eager at both sizes, and no recompile at the
 second. One case per setting runs by default; the rest of the grid is ``slow``.
 """
