@@ -97,6 +97,7 @@ def test_a_group_key_that_raises_is_that_rule_error_only(temp_group_rule):
     assert not any("rolled back" in n for r in run.reports for g in r.graphs for n in g.notes)
 
 
+@pytest.mark.slow  # one Inductor compile: ~15-40 s on 2 shared cores
 def test_level_rollback_keeps_dynamo_sources_and_the_compile_works(monkeypatch):
     """Was: a level rollback rebuilt the graph and lost ``_dynamo_source`` on
     placeholders; AOTAutograd then failed. A driver that rewrites and then crashes must
