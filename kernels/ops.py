@@ -26,7 +26,7 @@ from . import custom_ops as _custom_ops  # noqa: F401  (registers the optimus:: 
 from . import reference as ref
 from ._common import activation_code
 from ._routing import _rows, _tracing, _triton_ok, _validate_gl, _validate_ln
-from .eager import _gl_eager, _ln_eager, clear_eager_caches, eager_cache_info, set_table_cache  # noqa: F401
+from .eager import _gl_eager, _ln_eager, clear_eager_caches, eager_cache_info, set_gl_route, set_table_cache  # noqa: F401
 
 
 # ------------------------------------------------------------------------------------------------

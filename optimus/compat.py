@@ -151,3 +151,29 @@ def cache_hit_counts() -> dict[str, int]:
         "fx_graph_cache": int(counters["inductor"].get("fxgraph_cache_hit", 0)),
         "aot_autograd_cache": int(counters["aot_autograd"].get("autograd_cache_hit", 0)),
     }
+
+
+@contextlib.contextmanager
+def separate_compile_metrics() -> Iterator[None]:
+    """Run a nested ``compile_fx`` (the planner's ``tune=True`` trials) in a metrics context
+    of its own: Dynamo's per-thread compile metrics refuse a second ``is_forward`` etc. in
+    the frame's context. Nothing is recorded for the trials. Where the layout differs, a
+    no-op (the trial may then fail, and tuning says so)."""
+    try:
+        from torch._dynamo import utils as dynamo_utils
+        from torch._dynamo.metrics_context import MetricsContext
+
+        tls = dynamo_utils._metrics_context_tls
+    except (ImportError, AttributeError):  # pragma: no cover - other layouts
+        yield
+        return
+    saved = getattr(tls, "metrics_context", None)
+    tls.metrics_context = MetricsContext(on_exit=lambda *args, **kwargs: None)
+    try:
+        with tls.metrics_context:
+            yield
+    finally:
+        if saved is None:
+            del tls.metrics_context
+        else:
+            tls.metrics_context = saved

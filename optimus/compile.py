@@ -19,6 +19,7 @@ on torch versions whose key ignores some hooks (2.11 ignores the post-fusion hoo
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import hashlib
 import importlib.util
@@ -29,13 +30,14 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from . import compat, safety_net
+from . import compat, distributed, safety_net
 from .core.runner import optimize_graph
 from .core.snapshot import restore, snapshot
 from .core.passkey import UuidKeyed
 from .core.registry import PassConfig, resolve
 from .core import upstream_names
 from .core.report import Report
+from .planner import plan as planner_plan
 
 log = logging.getLogger("optimus")
 
@@ -43,14 +45,20 @@ CustomGraphPass = compat.CustomGraphPass or object
 
 # The backend's own keys in ``options`` (everything else there is an Inductor option).
 PASSES_OPTION = "optimus_passes"
+TUNE_OPTION = "optimus_tune"
+DEFAULT_PASSES = "auto"  # the planner chooses (docs/planner.md); presets stay available
+TUNE_CANDIDATES = ("auto", "all", "vertical", "none")  # what tune=True measures per graph
+# Inductor's own autotuning is left out of the trial compiles (it would multiply their cost
+# by the GEMM search); the chosen plan compiles with it.
+TRIAL_OPTIONS_OFF = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise", "coordinate_descent_tuning")
 
 
 # What decides the code a compile produces: the core, the level views and drivers, the
 # rules, the integration, and the kernels the rules may emit. The tools (demo, fuzzer,
 # scale, GPU check), the benchmark harness, the model zoo, the measurement helpers and the
 # command line do not; changing them keeps every compile-cache entry valid.
-COMPILED_SOURCES: tuple[str, ...] = ("core", "torch_ir", "aten_ir", "inductor_ir", "rules", "compile.py", "compat.py", "safety_net.py")
-KERNEL_TOOLS: tuple[str, ...] = ("bench.py", "bench_embedding.py", "aot_check.py")  # in kernels/, but they compile nothing
+COMPILED_SOURCES: tuple[str, ...] = ("core", "torch_ir", "aten_ir", "inductor_ir", "rules", "planner", "compile.py", "compat.py", "distributed.py", "safety_net.py")
+KERNEL_TOOLS: tuple[str, ...] = ("bench.py", "bench_embedding.py", "bench_grouped.py", "aot_check.py")  # in kernels/, but they compile nothing
 
 
 def compiled_source_files() -> list[tuple[str, pathlib.Path]]:
@@ -87,8 +95,10 @@ _FX_LEVELS = ("torch_ir", "aten_ir")
 class Session:
     """One ``optimus.compile`` call: its resolved passes and the report they fill."""
 
-    def __init__(self, config: PassConfig) -> None:
+    def __init__(self, config: PassConfig, tune: bool = False) -> None:
         self.config = config
+        self.base_config = config  # passes="auto": each compile attaches its own planner
+        self.tune = tune
         self.report = Report(config.spec or "custom")
         self._names: collections.Counter[str] = collections.Counter()
         for note in config.notes:  # e.g. upstream pass names translated to ours
@@ -134,7 +144,10 @@ class Session:
             self.report.notes.append(f"{level}: graph without an owning module skipped")
             return
         try:
-            optimize_graph(gm, level, self.config, self.report, self.graph_name(level, graph))
+            gr = optimize_graph(gm, level, self.config, self.report, self.graph_name(level, graph))
+            note = distributed.collective_note(gm) if gr is not None else None
+            if note:
+                gr.notes.append(note)  # type: ignore[union-attr]
         except Exception as e:  # never break the compile
             if safety_net.passthrough(e):
                 raise
@@ -194,15 +207,92 @@ class Session:
         user = compat.user_hooks(options)
         self._note_user_setup(user)
         plain = {**options, **safety_net.hook_patches(user, {})}
+        if self.base_config.planned:
+            context = planner_plan.Context.of_compile(example_inputs, options, self.tune)
+            if context.tune:
+                chosen = self._tuned(gm, example_inputs, options, context)
+                if chosen is not None:
+                    self.config = chosen
+                    return self._compile(gm, example_inputs, options, user, plain)
+            self._plan(context)
+        return self._compile(gm, example_inputs, options, user, plain)
+
+    def _plan(self, context: "planner_plan.Context") -> None:
+        """Attach this compile's planner (``passes="auto"``) and its choice of rules."""
+        planner = planner_plan.Planner(context)
+        rules, notes = planner.configure(dict(self.base_config.rules))
+        self.config = dataclasses.replace(self.base_config, rules=rules, planner=planner)
+        self.note_once(planner.describe())
+        for note in notes:
+            self.note_once(note)
+
+    def _tuned(self, gm: fx.GraphModule, example_inputs: list[Any], options: dict[str, Any], context: "planner_plan.Context") -> PassConfig | None:
+        """``tune=True``: compile the graph under each of ``TUNE_CANDIDATES``, time each on
+        the real inputs, keep the fastest (cached on disk by the graph's structure, so the
+        next compile of the same graph measures nothing). ``None``: not tunable (said why)."""
+        import copy
+
+        from .planner import decisions, tune
+
+        label = self.next_graph_name("tuned graph")
+        why = tune.why_not_tunable(gm, example_inputs, safety_net.mutates_inputs(gm))
+        if why is None and any(isinstance(x, torch.Tensor) and torch._subclasses.fake_tensor.is_fake(x) for x in example_inputs):
+            why = "the backend was given fake inputs (nothing to time on)"
+        if why is not None:
+            self.report.notes.append(f"planner: {label} not tuned: {why}; the cost model decides")
+            return None
+        untuned = dataclasses.replace(context, tune=False)
+        key = decisions.graph_key(gm, {"context": dataclasses.asdict(untuned), "optimus": source_fingerprint(), "candidates": TUNE_CANDIDATES})
+        cache = decisions.DecisionCache()
+        hit = cache.get(key, set(TUNE_CANDIDATES))
+        if hit is not None:
+            self.report.notes.append(f"planner: {label}: {hit['plan']!r} from the decision cache (measured {_fmt_ms(hit.get('measured_ms', {}))}); nothing re-measured")
+            return self._candidate_config(hit["plan"], untuned)
+        measured: dict[str, float] = {}
+        trial_options = {k: v for k, v in options.items() if k not in TRIAL_OPTIONS_OFF}
+        for candidate in TUNE_CANDIDATES:
+            trial = Session(resolve(candidate))
+            trial_gm = copy.deepcopy(gm)
+            try:
+                with compat.separate_compile_metrics():  # the trial's backward compiles on its first call
+                    fn = trial.compile(trial_gm, example_inputs, trial_options)
+                    measured[candidate] = tune.time_compiled(fn, example_inputs, context.training)
+            except Exception as e:
+                if safety_net.passthrough(e):
+                    raise
+                self.report.notes.append(f"planner: {label}: candidate {candidate!r} could not be timed ({safety_net.brief(e)})")
+        if not measured:
+            self.report.notes.append(f"planner: {label}: no candidate could be timed; the cost model decides")
+            return None
+        best = min(measured, key=measured.__getitem__)
+        cache.put(key, {"plan": best, "measured_ms": {k: round(v, 4) for k, v in measured.items()}, "torch": torch.__version__})
+        self.report.notes.append(f"planner: {label}: measured {_fmt_ms(measured)} -> {best!r}")
+        return self._candidate_config(best, untuned)
+
+    def _candidate_config(self, plan: str, context: "planner_plan.Context") -> PassConfig:
+        if plan == DEFAULT_PASSES:
+            planner = planner_plan.Planner(context)
+            rules, notes = planner.configure(dict(self.base_config.rules))
+            for note in notes:
+                self.note_once(note)
+            return dataclasses.replace(self.base_config, rules=rules, planner=planner)
+        return dataclasses.replace(resolve(plan), spec=f"{DEFAULT_PASSES}:{plan}")
+
+    def _compile(self, gm: fx.GraphModule, example_inputs: list[Any], options: dict[str, Any], user: dict[str, Any], plain: dict[str, Any]) -> Callable[..., Any]:
         if not self.levels():
             return compat.compile_fx(gm, example_inputs, None, plain)
         eager = safety_net.eager_aliasing(gm)  # before any rewrite
         record = snapshot(gm.graph)
         before = compat.cache_hit_counts()
-        ladder = safety_net.GraphLadder(self._attempts(user), self.report, self.next_graph_name)
+        ladder: Any = safety_net.GraphLadder(self._attempts(user), self.report, self.next_graph_name)
         mark = len(self.report.graphs)
+        piece = distributed.piece_of(gm)  # a DDP bucket, a graph between FSDP hooks, ...
+        if piece is not None:
+            ladder = distributed.PieceNotes(ladder, self.report, piece.note())
         try:
             compiled = compat.compile_fx(gm, example_inputs, ladder, {**options, **self.inductor_patches(None, user)})
+            if piece is not None:
+                distributed.add_note(self.report.graphs[mark:], piece.note())  # the Torch-IR graph
         except Exception as e:
             if safety_net.passthrough(e):
                 # Dynamo's control flow, not a failure: it compiles the graph again
@@ -259,26 +349,36 @@ class LevelPass(UuidKeyed, CustomGraphPass):  # type: ignore[misc]
         return f"{self.level}:{'+'.join(self.levels)}:{self.session.fingerprint()}"
 
 
-def _split_options(options: dict[str, Any] | None) -> tuple[Any, dict[str, Any] | None]:
-    """``options`` of ``torch.compile(backend="optimus")``: Optimus's own key out, the
-    Inductor options left."""
+def _fmt_ms(measured: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.3f} ms" for k, v in measured.items()) or "nothing"
+
+
+def _split_options(options: dict[str, Any] | None) -> tuple[Any, bool, dict[str, Any] | None]:
+    """``options`` of ``torch.compile(backend="optimus")``: Optimus's own keys out
+    (passes, tune), the Inductor options left."""
     if not options:
-        return None, options
+        return None, False, options
     rest = dict(options)
-    return rest.pop(PASSES_OPTION, None), (rest or None)
+    passes = rest.pop(PASSES_OPTION, None)
+    tune = rest.pop(TUNE_OPTION, False)
+    if not isinstance(tune, bool):
+        raise TypeError(f"options[{TUNE_OPTION!r}] must be a bool, got {type(tune).__name__}")
+    return passes, tune, (rest or None)
 
 
-def make_backend(passes: Any = "all", mode: str | None = None, options: dict[str, Any] | None = None, dynamic: bool | None = None) -> Callable[..., Callable[..., Any]]:
+def make_backend(passes: Any = DEFAULT_PASSES, mode: str | None = None, options: dict[str, Any] | None = None, dynamic: bool | None = None, tune: bool = False) -> Callable[..., Callable[..., Any]]:
     """A Dynamo backend running Inductor with the given Optimus passes.
 
     ``mode`` and ``options`` are ``torch.compile``'s (validated now, the way
     ``torch.compile`` validates them); the backend also accepts them per call, as
-    ``torch.compile(..., backend=this_backend, mode=...)`` passes them."""
-    session = Session(resolve(passes))
+    ``torch.compile(..., backend=this_backend, mode=...)`` passes them. ``tune``: with
+    ``passes="auto"``, measure the candidate plans per graph (``mode="max-autotune"``
+    implies it)."""
+    session = Session(resolve(passes), tune=tune)
     base = compat.mode_options(mode, options, dynamic)
 
     def optimus_backend(gm: fx.GraphModule, example_inputs: list[Any], mode: str | None = None, options: dict[str, Any] | None = None) -> Callable[..., Any]:
-        _, options = _split_options(options)
+        _, _, options = _split_options(options)
         extra = compat.mode_options(mode, options, dynamic)
         return session.compile(gm, example_inputs, {**base, **extra})
 
@@ -296,16 +396,17 @@ def optimus_backend(gm: fx.GraphModule, example_inputs: list[Any], mode: str | N
     """``torch.compile(model, backend="optimus", mode=..., options=...)``.
 
     ``options`` holds Inductor options, plus ``"optimus_passes"`` to choose Optimus's
-    passes (default ``"all"``). Graphs compiled through the registered backend with the
+    passes (default ``"auto"``: the planner chooses) and ``"optimus_tune"`` (measure the
+    candidate plans per graph). Graphs compiled through the registered backend with the
     same passes share one session; its report (``optimus.last_report()``) accumulates
     every graph compiled this way.
     """
-    passes, options = _split_options(options)
-    config = resolve(passes if passes is not None else "all")
-    key = config.fingerprint() + config.spec
+    passes, tune, options = _split_options(options)
+    config = resolve(passes if passes is not None else DEFAULT_PASSES)
+    key = config.fingerprint() + config.spec + f":tune={tune}"
     session = _SESSIONS.get(key)
     if session is None:
-        session = _SESSIONS[key] = Session(config)
+        session = _SESSIONS[key] = Session(config, tune=tune)
     _remember(session.report)
     return session.compile(gm, example_inputs, compat.mode_options(mode, options, None))
 
@@ -319,8 +420,13 @@ def last_report() -> Report | None:
     return _LAST[0] if _LAST else None
 
 
-def compile(model: Any, passes: Any = "all", **torch_compile_kwargs: Any) -> Any:
+def compile(model: Any, passes: Any = DEFAULT_PASSES, tune: bool = False, **torch_compile_kwargs: Any) -> Any:
     """``torch.compile(model, **kwargs)`` with Optimus's passes; returns the compiled model.
+
+    ``passes="auto"`` (the default) lets the planner choose per graph which rewrites pay
+    off on this device (docs/planner.md); ``tune=True`` also measures the candidate plans
+    on the first inputs and caches the choice on disk (``mode="max-autotune"`` implies
+    it). A preset (``"all"``, ``"vertical"``, ...) or a rule list runs exactly that.
 
     Every ``torch.compile`` keyword works: ``mode`` (``"reduce-overhead"`` turns on CUDA
     graphs, ``"max-autotune"``...), ``options`` (Inductor options), ``dynamic``,
@@ -329,11 +435,14 @@ def compile(model: Any, passes: Any = "all", **torch_compile_kwargs: Any) -> Any
     """
     if "backend" in torch_compile_kwargs:
         raise TypeError("optimus.compile chooses the backend itself; use torch.compile for another backend")
+    distributed.check_wrapping(model)  # DDP(DDP(m)), fully_shard(DDP(m)): a clear error
     mode = torch_compile_kwargs.pop("mode", None)
     options = torch_compile_kwargs.pop("options", None)
     if options and PASSES_OPTION in options:
         raise TypeError(f"optimus.compile takes the passes as passes=, not options[{PASSES_OPTION!r}]")
-    backend = make_backend(passes, mode=mode, options=options, dynamic=torch_compile_kwargs.get("dynamic"))
+    if not isinstance(tune, bool):
+        raise TypeError(f"tune must be a bool, got {type(tune).__name__}")
+    backend = make_backend(passes, mode=mode, options=options, dynamic=torch_compile_kwargs.get("dynamic"), tune=tune)
     report = backend.session.report  # type: ignore[attr-defined]
     _remember(report)
     compiled = torch.compile(model, backend=backend, **torch_compile_kwargs)
@@ -375,6 +484,10 @@ def optimize(
     view = make_view(level, gm)
     report = Report(config.spec)
     report.notes.extend(config.notes)
+    if config.planned and config.planner is None:  # a bare graph: its device, not how it will run
+        planner = planner_plan.Planner(planner_plan.Context.of_graph(gm, example_inputs))
+        config = dataclasses.replace(config, planner=planner)
+        report.notes.append(planner.describe())
     _remember(report)
     optimize_graph(gm, level, config, report, "graph 0", view=view, example_inputs=list(example_inputs) if example_inputs else None)
     gm.recompile()
@@ -394,7 +507,7 @@ def _propagate_fake_meta(gm: fx.GraphModule, example_inputs: list[Any]) -> None:
 def explain(
     model: Any,
     *example_inputs: Any,
-    passes: Any = "all",
+    passes: Any = DEFAULT_PASSES,
     print_report: bool = True,
     graph_dir: str | None = None,
     **torch_compile_kwargs: Any,

@@ -16,7 +16,7 @@ import torch.fx as fx
 
 from ..core.levels import register_view
 from ..core.view import BindError, GraphView, is_int
-from ..core.vocab import UNARY_POINTWISE
+from ..core.vocab import EXTERN_OPS, UNARY_POINTWISE
 
 aten = torch.ops.aten
 
@@ -60,7 +60,11 @@ _TABLE: dict[Any, tuple[str, dict[str, str]]] = {
     aten.div.Scalar: ("div", _SELF),
     aten.div.Tensor_mode: ("div", _SELF),
     aten.div.Scalar_mode: ("div", _SELF),
+    aten.embedding.default: ("embedding", {"indices": "input"}),
+    aten._embedding_bag.default: ("embedding_bag", {"indices": "input"}),
+    aten._embedding_bag_forward_only.default: ("embedding_bag", {"indices": "input"}),
 }
+_EMBEDDING_BAG_MODES = {0: "sum", 1: "mean", 2: "max"}
 for _u in UNARY_POINTWISE:
     _packet = getattr(aten, _u, None)
     if _packet is not None and hasattr(_packet, "default"):
@@ -181,6 +185,12 @@ class AtenIRView(GraphView):
             args.setdefault("alpha", 1)
         if op == "slice":
             args.setdefault("step", 1)
+        if op in ("embedding", "embedding_bag"):
+            args["max_norm"] = None  # F.embedding's renorm is a separate (mutating) op here
+            if is_int(args["padding_idx"]) and args["padding_idx"] < 0:
+                args["padding_idx"] = None  # aten's -1: no padding row
+            if op == "embedding_bag":
+                args["mode"] = _EMBEDDING_BAG_MODES.get(args["mode"], args["mode"])
         if op == "select" and not is_int(args.get("index")) and not isinstance(args.get("index"), torch.SymInt):
             return None
         return op, args
@@ -221,6 +231,9 @@ class AtenIRView(GraphView):
             return cf, aten.permute.default, [a["input"], list(a["dims"])], {}
         if op == "sum":
             return cf, aten.sum.dim_IntList, [a["input"], list(a["dims"]), a["keepdim"]], {}
+        if op in EXTERN_OPS:
+            target = EXTERN_OPS[op]
+            return cf, target, [a[p.name] for p in target._schema.arguments], {}
         target = _EMIT.get(op) or GENERIC_POINTWISE.get(op)
         if target is None:
             raise KeyError(f"Aten-IR cannot emit {op!r}")

@@ -1,4 +1,5 @@
-"""``optimus bench``: the zoo models through eager, Inductor, upstream and Optimus.
+"""``optimus bench``: the zoo models (and, with ``--suite external``, TorchRec and Hugging
+Face models: ``optimus.bench.external``) through eager, Inductor, upstream and Optimus.
 
 See ``optimus.bench.harness`` for the measurement protocol, ``optimus.bench.cli`` for
 the command and ``optimus.bench.report`` for the markdown generator.

@@ -257,8 +257,10 @@ def tf32_disabled() -> ContextManager[None]:
 
 def fp64_copy(model: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     """The model with floating parameters and buffers in fp64, and its floating inputs cast
-    (integer inputs such as embedding indices unchanged). Casts ``model`` in place."""
-    return model.double(), tuple(t.double() if t.is_floating_point() else t for t in inputs)
+    (integer inputs such as embedding indices, and inputs that are not tensors, such as
+    TorchRec's ``KeyedJaggedTensor`` of ids, unchanged). Casts ``model`` in place."""
+    return model.double(), tuple(t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+                                 for t in inputs)
 
 
 def fp64_loss(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -286,8 +288,11 @@ def _one_step(model: torch.nn.Module, inputs: Sequence[torch.Tensor], loss: Call
 
 def eager_reference(name: str, mode: str, size: str = "small", device: str | torch.device = "cpu",
                     seed: int = 0) -> Reference:
-    """Eager fp32 and fp64 results of one step of zoo model ``name`` (TF32 off)."""
-    from ..models import get_model
+    """Eager fp32 and fp64 results of one step of zoo or external model ``name`` (TF32 off).
+
+    The fp64 loss is the model's ``exact_loss`` when it has one (external models), else
+    the zoo's binary cross-entropy in fp64."""
+    from .external import get_bench_model as get_model
 
     with tf32_disabled():
         zoo = get_model(name, size, device, seed)
@@ -297,6 +302,7 @@ def eager_reference(name: str, mode: str, size: str = "small", device: str | tor
         zoo = get_model(name, size, device, seed)
         model64, inputs64 = fp64_copy(zoo.model, zoo.inputs)
         targets = zoo.targets
-        out64, grads64 = _one_step(model64, inputs64, lambda o: fp64_loss(o, targets), mode)
+        loss64 = getattr(zoo, "exact_loss", None) or (lambda o: fp64_loss(o, targets))
+        out64, grads64 = _one_step(model64, inputs64, loss64, mode)
         del zoo, model64, inputs64
     return Reference(out, grads, out64, grads64, names)

@@ -1,10 +1,14 @@
 """The ``bench`` subcommand.
 
     optimus bench --model NAME|all --mode infer|train [--device cuda|cpu]
-                  [--size small|realistic] [--configs a,b] [--json FILE] [--plot FILE]
-                  [--workers N] [--repeats R] [--tf32] [--dynamic]
+                  [--suite zoo|external|all] [--size small|realistic] [--configs a,b]
+                  [--json FILE] [--plot FILE] [--workers N] [--repeats R] [--tf32] [--dynamic]
 
-``--model`` and ``--mode`` also take comma lists. ``--json`` merges into an existing
+``--model`` and ``--mode`` also take comma lists; ``--model all`` means every model of
+``--suite`` (the zoo by default; ``external``: TorchRec and Hugging Face models,
+``optimus.bench.external``). An external model whose library is not installed gets a
+``skipped`` line in the table (never an error); when every model asked for is skipped
+the command fails with a message naming the extras to install. ``--json`` merges into an existing
 file, keyed by model/mode/config, and is rewritten after every row, so runs made in
 pieces (or cut short) accumulate into one file. ``--workers N`` compiles N rows at a
 time in worker processes and times one at a time (``optimus.bench.parallel``).
@@ -19,6 +23,7 @@ import time
 from typing import Any, Sequence
 
 from ..models import MODELS, SIZES
+from . import external
 from .configs import CONFIG_NAMES
 from .harness import MODES
 
@@ -35,7 +40,11 @@ def _choices(value: str, allowed: Sequence[str], what: str) -> list[str]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="all", help=f"zoo model(s): {', '.join(MODELS)}, all, or a comma list")
+    p.add_argument("--model", default="all",
+                   help=f"model(s): {', '.join(external.all_model_names())}, all (the --suite), or a comma list")
+    p.add_argument("--suite", choices=list(external.SUITES), default="zoo",
+                   help="what --model all means: the zoo (default), the external models (TorchRec, Hugging "
+                        "Face: optional extras), or all of both")
     p.add_argument("--mode", default="train", help="train, infer, all, or a comma list (default: train)")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda if available, else cpu")
     p.add_argument("--size", choices=list(SIZES), default=None,
@@ -91,10 +100,16 @@ def run_command(args: argparse.Namespace) -> int:
 
     if args.list:
         for name, spec in MODELS.items():
-            print(f"{name:<12} {spec.summary}")
+            print(f"{name:<18} {spec.summary}")
+        for name, ext in external.EXTERNAL.items():
+            problem = external.unavailable(name)
+            print(f"{name:<18} {ext.summary}" + (f" [not available: {problem}]" if problem else ""))
         print("configurations:", ", ".join(CONFIG_NAMES))
         return 0
-    models = _choices(args.model, list(MODELS), "model")
+    if args.model.strip() == "all":
+        models = external.suite_models(args.suite)
+    else:
+        models = _choices(args.model, external.all_model_names(), "model")
     modes = _choices(args.mode, list(MODES), "mode")
     configs = _choices(args.configs, CONFIG_NAMES, "configuration")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -113,6 +128,12 @@ def run_command(args: argparse.Namespace) -> int:
         from .plot import require_matplotlib
 
         require_matplotlib()
+
+    missing = {m: why for m in models if (why := external.unavailable(m, device))}
+    if missing and len(missing) == len(models):
+        print("error: none of the models asked for can run here:\n"
+              + "\n".join(f"  {m}: {why}" for m, why in missing.items()), file=sys.stderr)
+        return 2
 
     opts = harness.BenchOptions(device=device, size=size, iters=args.iters, warmup=args.warmup,
                                 seed=args.seed, tf32=args.tf32, cold=args.cold, repeats=args.repeats,
@@ -136,7 +157,18 @@ def run_command(args: argparse.Namespace) -> int:
                 if r.get("status") == "ok" and r.get("size") == size and r.get("device") == device}
     deadline = None if args.budget_minutes is None else time.perf_counter() + 60 * args.budget_minutes
     planned = [f"{m}/{md}/{c}" for m in models for md in modes for c in configs]
-    progress = Progress(len(planned), enabled=not args.quiet)
+    for m in missing:  # a line in the table; in the JSON only where it replaces nothing
+        for md in modes:
+            for c in configs:
+                row = harness.skipped_row(m, md, c, opts, missing[m])
+                row["command"] = command
+                results.merge(this_run, [row])
+                if args.json and results.row_key(row) not in data["rows"]:
+                    results.merge(data, [row], command)
+    if args.json and missing:
+        results.save(args.json, data)
+    models = [m for m in models if m not in missing]
+    progress = Progress(len(planned) - len(this_run["rows"]), enabled=not args.quiet)
     try:
         if args.workers > 1:
             from . import parallel
@@ -151,6 +183,8 @@ def run_command(args: argparse.Namespace) -> int:
     # rows arrive in completion order with workers: the table follows the plan
     this_run["rows"] = {k: this_run["rows"][k] for k in planned if k in this_run["rows"]}
     not_run = [k for k in planned if k not in skip and k not in this_run["rows"]]
+    if missing:
+        print(f"skipped (not available here): {', '.join(missing)}", file=sys.stderr)
     if not_run:
         print(f"budget reached; not run ({len(not_run)}): {', '.join(not_run)}", file=sys.stderr)
     if skip & set(planned):
@@ -164,12 +198,14 @@ def run_command(args: argparse.Namespace) -> int:
     if args.json:
         print(f"results merged into {args.json}", file=sys.stderr)
     failed = [r for r in this_run["rows"].values()
-              if r["status"] != "ok" or (r.get("parity") and not r["parity"]["ok"])]
+              if r["status"] not in ("ok", "skipped") or (r.get("parity") and not r["parity"]["ok"])]
     return 1 if failed else 0
 
 
 def _argv_for_record(args: argparse.Namespace, device: str, size: str) -> list[str]:
     argv = ["--model", args.model, "--mode", args.mode, "--device", device, "--size", size]
+    if args.suite != "zoo":
+        argv += ["--suite", args.suite]
     if args.configs != "all":
         argv += ["--configs", args.configs]
     if args.iters != 30:

@@ -47,13 +47,13 @@ def _inductor(mode: str | None = None) -> Callable[..., Callable[..., Any]]:
     return wrap
 
 
-def _optimus(passes: Any, mode: str | None = None) -> Callable[..., Callable[..., Any]]:
+def _optimus(passes: Any, mode: str | None = None, tune: bool = False) -> Callable[..., Callable[..., Any]]:
     def wrap(model: nn.Module, **compile_kwargs: Any) -> Callable[..., Any]:
         import optimus
 
         if mode is not None:
             compile_kwargs["mode"] = mode
-        return optimus.compile(model, passes=passes, fullgraph=True, **compile_kwargs)
+        return optimus.compile(model, passes=passes, fullgraph=True, tune=tune, **compile_kwargs)
 
     return wrap
 
@@ -168,6 +168,14 @@ CONFIGS: dict[str, BenchConfig] = {
             "optimus-horizontal", "optimus.compile(passes='horizontal')", True, _optimus("horizontal"), _nothing
         ),
         BenchConfig("optimus", "optimus.compile(passes='all')", True, _optimus("all"), _nothing),
+        BenchConfig("optimus-auto", "optimus.compile(passes='auto'): the planner chooses (the default)", True, _optimus("auto"), _nothing),
+        BenchConfig(
+            "optimus-auto-tune",
+            "optimus.compile(passes='auto', tune=True): the planner measures candidate plans per graph",
+            True,
+            _optimus("auto", tune=True),
+            _nothing,
+        ),
         BenchConfig(
             "optimus-fx",
             "optimus.compile with the Torch-IR and Aten-IR rules only (no Inductor-IR passes)",
@@ -188,6 +196,14 @@ CONFIGS: dict[str, BenchConfig] = {
             "optimus.compile(passes='all', mode='reduce-overhead'): Optimus with CUDA graphs",
             True,
             _optimus("all", "reduce-overhead"),
+            _nothing,
+            cudagraphs=True,
+        ),
+        BenchConfig(
+            "optimus-auto-cudagraphs",
+            "optimus.compile(passes='auto', mode='reduce-overhead'): the planner, with CUDA graphs",
+            True,
+            _optimus("auto", "reduce-overhead"),
             _nothing,
             cudagraphs=True,
         ),

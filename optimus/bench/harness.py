@@ -40,10 +40,11 @@ from typing import Any, Callable, ContextManager, Iterable, Iterator
 
 import torch
 
-from ..models import ZooModel, get_model
+from ..models import ZooModel
 from . import accuracy
 from .accuracy import Reference
 from .configs import CONFIGS, upstream_fusion_options
+from .external import get_bench_model
 
 MODES = ("train", "infer")
 LR = 0.01
@@ -284,6 +285,14 @@ def new_row(name: str, mode: str, config: str, opts: BenchOptions, error: str | 
     }
 
 
+def skipped_row(name: str, mode: str, config: str, opts: BenchOptions, reason: str) -> dict[str, Any]:
+    """The row of a model that cannot run here (an external model's library is missing)."""
+    row = new_row(name, mode, config, opts, error=reason)
+    row["status"] = "skipped"
+    row["env"] = environment(opts.device)
+    return row
+
+
 def run_config(
     name: str,
     mode: str,
@@ -317,7 +326,7 @@ def run_config(
             cudagraph_watch() as cudagraph_skips,
             accuracy.tf32_mode(False),
         ):
-            zoo = get_model(name, opts.size, opts.device, opts.seed)
+            zoo = get_bench_model(name, opts.size, opts.device, opts.seed)
             row["batch_size"] = zoo.batch_size
             runner = Runner(zoo, cfg.wrap(zoo.model, **opts.compile_kwargs()), mode, opts.lr, cudagraphs=cfg.cudagraphs)
 
@@ -359,7 +368,12 @@ def run_config(
                     ms = statistics.median(medians)
                     if count_late:
                         _count_kernels(row, runner, dev, generated)
-                    row["peak_memory_bytes"], row["memory_method"] = _peak_memory(runner.step, dev)
+                    if count_late:  # a replay allocates nothing: its memory was taken at capture
+                        row["peak_memory_bytes"] = None
+                        row["memory_method"] = ("n/a under CUDA graphs: the graph's pool is allocated at capture, "
+                                                "so max_memory_allocated over a replay does not see it")
+                    else:
+                        row["peak_memory_bytes"], row["memory_method"] = _peak_memory(runner.step, dev)
             row["step_ms"] = ms
             if opts.repeats > 1:
                 row["step_ms_repeats"] = medians

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from .. import measure
-from ..models import get_model
+from .external import get_bench_model as get_model
 
 PRESETS: dict[str, Any] = {
     "inductor": None,

@@ -27,7 +27,7 @@ def _fmt(x: Any, fmt: str) -> str:
 
 def _cell_error(row: dict[str, Any]) -> str:
     msg = (row.get("error") or "error").replace("|", "\\|").replace("\n", " ")
-    return f"error: {msg[:160]}"
+    return f"{row.get('status') or 'error'}: {msg[:160]}"
 
 
 def provenance(data: dict[str, Any]) -> list[str]:

@@ -87,8 +87,8 @@ def validate(data: dict[str, Any]) -> list[str]:
             for field in ("kernels", "step_ms", "examples_per_s", "compile_s"):
                 if row.get(field) is None:
                     problems.append(f"{key}: status ok but {field!r} is missing")
-        elif row.get("status") == "error" and not row.get("error"):
-            problems.append(f"{key}: status error without a message")
+        elif row.get("status") in ("error", "skipped") and not row.get("error"):
+            problems.append(f"{key}: status {row['status']} without a message")
     return problems
 
 
@@ -192,7 +192,7 @@ def table_rows(data: dict[str, Any]) -> list[list[str]]:
     for (model, mode), configs in rows_by(data).items():
         for config, row in configs.items():
             if row["status"] != "ok":
-                lines.append([model, mode, config, f"error: {row['error']}"])
+                lines.append([model, mode, config, f"{row['status']}: {row['error']}"])
                 continue
             lines.append([model, mode, *row_cells(row, configs, cg)])
     return lines

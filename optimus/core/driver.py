@@ -31,7 +31,7 @@ from typing import Any, Iterable
 
 import torch.fx as fx
 
-from .group import GroupRule, classify_all, depths, find_groups
+from .group import Group, GroupPlanner, GroupRule, classify_all, find_groups
 from .report import GraphReport, RuleStats
 from .rule import Builder, Decline, PatternRule, Rule
 from .safety import AliasAnalysis
@@ -53,6 +53,7 @@ class Driver:
         report: GraphReport,
         max_rewrites: int | None = None,
         lint_each: bool = False,
+        planner: GroupPlanner | None = None,
     ) -> None:
         self.view = view
         self.graph = view.graph
@@ -68,6 +69,7 @@ class Driver:
         n = len(self.graph.nodes)
         self.max_rewrites = max_rewrites if max_rewrites is not None else 4 * n + 1000
         self.lint_each = lint_each
+        self.planner = planner  # passes="auto": gates and sizes every group
         self.rewrites = 0
         self.applied: list[str] = []  # rule name of each rewrite, in order (for bisection)
         self.failed: set[tuple[str, fx.Node]] = set()
@@ -87,6 +89,8 @@ class Driver:
             if not self.group_rules or self.rewrites >= self.max_rewrites:
                 break
             fused = 0
+            if self.planner is not None:
+                self.planner.round_started(self.view, self.report)
             for rule, options in self.group_rules:
                 fused += self._run_group_rule(rule, options)
             if not fused:
@@ -106,8 +110,7 @@ class Driver:
         calls = [c for c in classify_all(self.view) if c.op in rule.anchors and self._safe_key(rule, c, stats) is not _FAILED]
         if not calls:
             return 0
-        depth = depths(self.graph)
-        for group in find_groups(self.view, rule, options, excluded, lambda n, r: stats.decline(n.name, r), calls, depth):
+        for group in find_groups(self.view, rule, options, excluded, lambda n, r: stats.decline(n.name, r), calls):
             if self.rewrites >= self.max_rewrites:
                 break
             fused += self._try_group(rule, group, stats)
@@ -136,6 +139,7 @@ class Driver:
         if any(c is None or self._safe_key(rule, c, stats) != group.key for c in fresh):
             return False
         group.members = fresh
+        group.planned = self.planner is not None
         anchor = max(group.nodes, key=lambda n: n._sort_key)
         t0 = time.perf_counter()
         builder: Builder | None = None
@@ -143,10 +147,21 @@ class Driver:
             reason = rule.decline_reason(group)
             if reason is not None:
                 raise Decline(reason)
+            if self.planner is not None:
+                sized = self.planner.chunk(self.view, group.nodes, group.options["min_group"])
+                if sized is not None:
+                    return self._try_chunks(rule, group, stats, *sized)
             builder = Builder(self.view, anchor)
             pairs = self.surgery.pairs(rule.replace(group, builder), anchor)
             checked = self.surgery.validate(pairs, builder, group=True)
+            if self.planner is not None:
+                why = self.planner.judge(self.view, rule.name, anchor, group.nodes, builder.new_nodes)
+                if why is not None:
+                    raise Decline(why)
+            members = group.nodes
             self._commit(rule, anchor, pairs, builder, stats, checked)
+            if self.planner is not None:
+                self.planner.accepted(self.view, members)
             return True
         except (Decline, GuardRefused) as d:
             self.surgery.discard(builder)
@@ -160,6 +175,23 @@ class Driver:
             return False
         finally:
             stats.time_s += time.perf_counter() - t0
+
+    def _try_chunks(self, rule: GroupRule, group: Group, stats: RuleStats, size: int, why: str) -> bool:
+        """The planner cut ``group`` for memory: try its chunks of ``size`` (in graph order)."""
+        members = group.members
+        if size < max(2, group.options["min_group"]):
+            for n in group.nodes:
+                stats.decline(n.name, f"{why}; no smaller group fits")
+            return False
+        size = -(-len(members) // -(-len(members) // size))  # balanced: 8 at most 5 -> 4 + 4
+        self.report.notes.append(f"{rule.name}: group of {len(members)} at {members[-1].node.name} cut into groups of {size} ({why})")
+        fused = False
+        for start in range(0, len(members), size):
+            part = members[start : start + size]
+            if len(part) < max(2, group.options["min_group"]):
+                continue
+            fused |= self._try_group(rule, Group(rule, part, group.key, self.view, group.options), stats)
+        return fused
 
     def _fixpoint(self) -> None:
         while self._queue:

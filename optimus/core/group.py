@@ -1,4 +1,4 @@
-"""Group rules: horizontal rewrites that merge N independent, identical ops into one.
+"""Group rules: horizontal rewrites that merge N independent ops into one.
 
 A group rule names its anchor ops, a ``key`` (nodes with equal keys may merge: same op,
 shapes, dtypes, devices, arguments), conditions on the group (profitability), and a
@@ -10,36 +10,56 @@ replacement that receives the whole group::
         out = b.unbind(b.emit(g.op, stacked), 0)
         return {c.node: o for c, o in zip(g.members, out)}
 
-The driver finds groups over the whole graph (not within a hop radius):
+The driver finds groups over the whole graph (not within a hop radius), by independence:
 
-1. depth[n] = length of the longest path from a graph input to n (one pass);
-2. candidates are bucketed by (key, depth). Two nodes at the same depth cannot depend on
-   each other (a path strictly increases depth), so every bucket is a set of mutually
-   independent nodes, found in O(nodes);
-3. candidates touching a tensor mutated in place are dropped (reported);
-4. buckets are cut into groups of at most ``max_group`` in graph order; groups smaller
-   than ``min_group`` are left alone (reported).
+1. candidates are bucketed by key (candidates touching a tensor mutated in place are
+   dropped, reported);
+2. one pass in graph order gives every candidate the set of other candidates it depends
+   on, as a bitset (a Python int; ``candidate_ancestors``). Sets are freed once their
+   node's last user has read them, so memory follows the live values, and the pass is
+   O(edges x candidates / word size) in the worst case, O(edges) when few candidates are
+   ancestors of each other (towers, heads, experts);
+3. each bucket's candidates, in graph order, go first-fit into open groups: a candidate
+   joins the first open group holding none of its ancestors (members earlier in graph
+   order cannot be its descendants), so every group is a set of mutually independent
+   nodes, whatever their depths. A group closes when it reaches ``max_group`` members or
+   when a candidate lies more than ``max_span`` nodes (graph order) after its first
+   member: the fused op runs at the last member, so the span bounds how long the earlier
+   members' inputs stay alive and how far their consumers move;
+4. groups smaller than ``min_group`` are left alone (reported).
 
-Independent ops at different depths do not merge (a deliberate trade: no reachability
-queries, so grouping stays linear in the graph size).
+Fusing one group can join paths between the members of another group of the same round
+(A -> B and C -> D with groups {A, D} and {B, C}): before each fusion the rule checks
+again that its members do not depend on each other (``depend_on_each_other``, a search
+bounded by the group's span) and declines with that reason if they now do.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, ClassVar, Hashable, Mapping
+from typing import Any, Callable, ClassVar, Hashable, Mapping, Protocol
 
 import torch.fx as fx
 
+from . import collectives
 from .rule import Match, Rule, rule_decorator
 from .symbolic import size_hint
 from .view import GraphView
 from .vocab import Call
 
+MAX_SPAN = 4096  # default max_span: graph-order distance from a group's first member to its last
+MAX_OPEN_GROUPS = 8  # per bucket: candidates that fit none of them open a new one, closing the oldest
+DEPENDENT = "members depend on each other (an earlier fusion joined their paths)"
+
 
 class Group(Match):
     """The members of one group, plus read-only helpers: the match of a group rule (what its
-    conditions and replacement receive, like ``Match`` for pattern rules)."""
+    conditions and replacement receive, like ``Match`` for pattern rules).
+
+    ``planned``: a planner judges this group once it is built (``passes="auto"``), so a
+    rule's own rough profitability heuristics (launch counts, byte caps) step aside."""
+
+    planned: bool = False
 
     def __init__(self, rule: "GroupRule", members: list[Call], key: Any, view: GraphView, options: dict[str, Any]) -> None:
         self.rule = rule
@@ -69,15 +89,16 @@ class GroupRule(Rule):
     graph; conditions and the replacement receive a ``Group``; the replacement returns
     ``{member node: its replacement}``.
 
-    Driver options (read by ``find_groups``): ``min_group`` (smaller groups are left alone)
-    and ``max_group`` (buckets are cut into groups of at most this many, in graph order).
+    Driver options (read by ``find_groups``): ``min_group`` (smaller groups are left alone),
+    ``max_group`` (groups hold at most this many) and ``max_span`` (a group's members lie
+    within this many nodes of its first member, in graph order).
     """
 
     anchors: tuple[str, ...]  # type: ignore[assignment]
     key: Callable[[Call, GraphView], Hashable | None]
     kind: str = "horizontal"
 
-    KNOBS: ClassVar[Mapping[str, Any]] = {"min_group": 2, "max_group": 256}
+    KNOBS: ClassVar[Mapping[str, Any]] = {"min_group": 2, "max_group": 256, "max_span": MAX_SPAN}
 
     def __post_init__(self) -> None:
         self.anchors = (self.anchors,) if isinstance(self.anchors, str) else tuple(self.anchors)
@@ -85,6 +106,30 @@ class GroupRule(Rule):
 
     def code(self) -> tuple[Callable[..., Any], ...]:
         return (*super().code(), self.key)
+
+    def decline_reason(self, match: Any) -> str | None:
+        """The members must still be independent (see the module docstring), then the
+        rule's own conditions."""
+        if depend_on_each_other(match.nodes):
+            return DEPENDENT
+        return super().decline_reason(match)
+
+
+class GroupPlanner(Protocol):
+    """What the FX driver asks about horizontal groups when a planner is attached
+    (``passes="auto"``; the implementation is ``optimus.planner.plan.Planner``)."""
+
+    def round_started(self, view: GraphView, report: Any) -> None:
+        """A round of group rules starts on ``view``'s graph as it is now."""
+
+    def chunk(self, view: GraphView, members: list[fx.Node], min_group: int) -> tuple[int, str] | None:
+        """``None`` if the group may run whole; else the members per chunk (0: none) and why."""
+
+    def judge(self, view: GraphView, rule: str, anchor: fx.Node, members: list[fx.Node], new_nodes: list[fx.Node]) -> str | None:
+        """Why the built replacement should not be committed, if it should not."""
+
+    def accepted(self, view: GraphView, members: list[fx.Node]) -> None:
+        """The group was committed."""
 
 
 group_rule = rule_decorator(
@@ -98,17 +143,41 @@ group_rule = rule_decorator(
 )
 
 
-def depths(graph: fx.Graph) -> dict[fx.Node, int]:
-    """Longest-path depth of every node from the graph's inputs (one pass, graph order)."""
-    depth: dict[fx.Node, int] = {}
-    for n in graph.nodes:
-        depth[n] = 1 + max((depth[i] for i in n.all_input_nodes), default=-1)
-    return depth
-
-
 def classify_all(view: GraphView) -> list[Call]:
     """Every classifiable node as a ``Call``, in graph order (shared by a round's rules)."""
     return [c for c in (view.classify(n) for n in view.graph.nodes) if c is not None]
+
+
+def candidate_ancestors(graph: fx.Graph, bit_of: Mapping[fx.Node, int]) -> dict[fx.Node, int]:
+    """For every node of ``bit_of``, the bitset (a Python int) of the *other* nodes of
+    ``bit_of`` it depends on: bit ``bit_of[a]`` is set when there is a path a -> node.
+
+    One pass in graph order (a topological order): a node's set is the union of its inputs'
+    sets plus the inputs that are themselves candidates. A set is dropped once the last
+    user of its node has read it, so at most the sets of live values are held at a time.
+    """
+    live: dict[fx.Node, int] = {}
+    waiting: dict[fx.Node, int] = {}  # node -> users that have not read its set yet
+    found: dict[fx.Node, int] = {}
+    for n in graph.nodes:
+        acc = 0
+        for i in n.all_input_nodes:
+            acc |= live.get(i, 0)
+            left = waiting.get(i)
+            if left is not None:
+                if left <= 1:
+                    live.pop(i, None)
+                    del waiting[i]
+                else:
+                    waiting[i] = left - 1
+        bit = bit_of.get(n)
+        if bit is not None:
+            found[n] = acc
+            acc |= 1 << bit
+        if acc and n.users:
+            live[n] = acc
+            waiting[n] = len(n.users)
+    return found
 
 
 def find_groups(
@@ -118,11 +187,10 @@ def find_groups(
     is_excluded: Callable[[fx.Node], str | None],
     decline: Callable[[fx.Node, str], None],
     calls: list[Call] | None = None,
-    depth: dict[fx.Node, int] | None = None,
 ) -> list[Group]:
     """Candidate groups for ``rule`` over the whole graph (see module docstring)."""
-    depth = depth if depth is not None else depths(view.graph)
-    buckets: dict[tuple[Any, int], list[Call]] = {}
+    segment = collectives.segments(view.graph)  # groups never span a collective
+    keyed: dict[Any, list[Call]] = {}
     for call in calls if calls is not None else classify_all(view):
         node = call.node
         if call.op not in rule.anchors:
@@ -134,16 +202,75 @@ def find_groups(
         if reason:
             decline(node, reason)
             continue
-        buckets.setdefault((key, depth[node]), []).append(call)
-    groups: list[Group] = []
-    lo, hi = options["min_group"], options["max_group"]
-    for (key, _), calls in buckets.items():
-        for start in range(0, len(calls), hi):
-            chunk = calls[start : start + hi]
-            if len(chunk) < lo:
-                if len(chunk) > 1:  # a lone candidate is not a decline, just no group
-                    for c in chunk:
-                        decline(c.node, f"group of {len(chunk)} is below min_group={lo}")
-                continue
-            groups.append(Group(rule, chunk, key, view, options))
-    return groups
+        keyed.setdefault((key, 0), []).append(call)
+    if segment is not None:  # one bucket per (key, side of every collective)
+        keyed = collectives.split_buckets(keyed, segment, decline)
+    buckets = {k: cs for k, cs in keyed.items() if len(cs) > 1}  # a lone candidate has nothing to merge with
+    if not buckets:
+        return []
+    position = {n: i for i, n in enumerate(view.graph.nodes)}
+    bit_of: dict[fx.Node, int] = {}
+    for cs in buckets.values():
+        for c in cs:
+            bit_of[c.node] = len(bit_of)
+    ancestors = candidate_ancestors(view.graph, bit_of)
+    lo, hi, span = options["min_group"], options["max_group"], options.get("max_span", MAX_SPAN)
+    formed: list[tuple[int, list[Call], Any]] = []  # (position of the first member, members, key)
+
+    def close(members: list[Call], key: Any) -> None:
+        if len(members) >= lo:
+            formed.append((position[members[0].node], members, key))
+        elif len(members) > 1:
+            for c in members:
+                decline(c.node, f"group of {len(members)} is below min_group={lo}")
+
+    for (key, _), cs in buckets.items():
+        cs = sorted(cs, key=lambda c: position[c.node])
+        open_groups: list[list[Any]] = []  # [members, bitset of the members, position of the first]
+        for c in cs:
+            pos, anc = position[c.node], ancestors[c.node]
+            still_open = []
+            for g in open_groups:
+                if pos - g[2] > span:  # results consumed too far apart: the group is complete
+                    close(g[0], key)
+                else:
+                    still_open.append(g)
+            open_groups = still_open
+            home = next((g for g in open_groups if not (anc & g[1]) and len(g[0]) < hi), None)
+            if home is None:
+                if len(open_groups) >= MAX_OPEN_GROUPS:
+                    oldest = open_groups.pop(0)
+                    close(oldest[0], key)
+                home = [[], 0, pos]
+                open_groups.append(home)
+            home[0].append(c)
+            home[1] |= 1 << bit_of[c.node]
+            if len(home[0]) == hi:
+                open_groups.remove(home)
+                close(home[0], key)
+        for g in open_groups:
+            close(g[0], key)
+    formed.sort(key=lambda f: f[0])
+    return [Group(rule, members, key, view, options) for _, members, key in formed]
+
+
+def depend_on_each_other(nodes: list[fx.Node]) -> bool:
+    """Is any of ``nodes`` an ancestor of another, in the graph as it is now?
+
+    A search backwards from the later members' inputs that never goes above the earliest
+    member (nothing before it in graph order can lie on a path from it), so its cost is
+    bounded by the stretch of graph the group spans, not by the graph.
+    """
+    members = set(nodes)
+    first = min(nodes, key=lambda n: n._sort_key)._sort_key
+    seen: set[fx.Node] = set()
+    stack = [i for n in nodes for i in n.all_input_nodes]
+    while stack:
+        n = stack.pop()
+        if n in seen or n._sort_key < first:
+            continue
+        if n in members:
+            return True
+        seen.add(n)
+        stack.extend(n.all_input_nodes)
+    return False

@@ -8,6 +8,8 @@ through ``@optimus.rule``). ``resolve(passes)`` turns what a user wrote into a
 
 * a preset: ``"none"``, ``"vertical"``, ``"horizontal"``, ``"all"`` (``"default"`` is
   ``"all"``); presets include the canonicalization rules the others rely on;
+  ``"auto"`` selects what ``"all"`` does and lets the planner gate and size every
+  horizontal group and choose the Inductor-IR rules per compile (``optimus.planner``);
 * a level name (``"torch_ir"``, ``"aten_ir"``, ``"inductor_ir"``): every rule of that level;
   (presets and level names leave out rules registered with ``default=False``, which run
   only when named;)
@@ -47,7 +49,9 @@ PRESETS: dict[str, tuple[str, ...]] = {
     "horizontal": ("canonicalize", "horizontal"),
     "all": KINDS,
     "default": KINDS,
+    "auto": KINDS,  # every rule, sized and gated per compile by the planner (optimus.planner)
 }
+AUTO = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +128,14 @@ class PassConfig:
     driver: DriverOptions = DriverOptions()
     spec: str = ""
     notes: tuple[str, ...] = dataclasses.field(default=(), compare=False)  # for the report (upstream names used)
+    # passes="auto": the compile attaches its planner (``core.group.GroupPlanner``); the FX
+    # driver asks it about every horizontal group. Core never looks inside it.
+    planner: Any = dataclasses.field(default=None, compare=False)
+
+    @property
+    def planned(self) -> bool:
+        """Chosen by the planner (``passes="auto"``)."""
+        return self.spec == AUTO
 
     def rules_for(self, level: str) -> list[Rule]:
         return [REGISTRY.get(n) for n in self.rules.get(level, ()) if n in REGISTRY]
@@ -145,6 +157,8 @@ class PassConfig:
                 h.update(f"{level}:{rule.name}:{rule.fingerprint()}".encode())
                 h.update(json.dumps(self.options_for(level, rule), sort_keys=True, default=repr).encode())
         h.update(repr(self.driver).encode())
+        if self.planner is not None:
+            h.update(f"planner:{self.planner.fingerprint()}".encode())
         return h.hexdigest()[:24]
 
 

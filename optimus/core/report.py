@@ -64,6 +64,8 @@ class GraphReport:
     # Set when the compile this graph's rewrites went into failed and the graph was
     # compiled again without them (the safety net): the rewrites did not reach the program.
     discarded: str | None = None
+    # passes="auto": one entry per horizontal group the planner judged (optimus.planner.plan)
+    decisions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def stats(self, rule_name: str) -> RuleStats:
         if rule_name not in self.rules:
@@ -101,7 +103,20 @@ class GraphReport:
             "rules": {k: v.to_dict() for k, v in self.rules.items()},
             "notes": list(self.notes),
             "discarded": self.discarded,
+            "decisions": list(self.decisions),
         }
+
+    def planner_line(self) -> str | None:
+        """The planner's decisions on this graph in one line, if it made any."""
+        if not self.decisions:
+            return None
+        took = [d for d in self.decisions if d["accepted"]]
+        left = [d for d in self.decisions if not d["accepted"]]
+        gain = sum(d["before_us"] - d["after_us"] for d in took)
+        line = f"planner: {len(took)} group(s) taken (est. {gain:.1f} µs saved, {sum(d['before_kernels'] for d in took)} -> {sum(d['after_kernels'] for d in took)} kernels)"
+        if left:
+            line += f", {len(left)} declined as slower (est. {sum(d['after_us'] - d['before_us'] for d in left):.1f} µs lost had they run)"
+        return line
 
 
 class Report:
@@ -159,6 +174,9 @@ class Report:
                 lines.append(f"{'':<12}DISCARDED: {g.discarded}")
             for note in g.notes:
                 lines.append(f"{'':<12}note: {note}")
+            planned = g.planner_line()
+            if planned:
+                lines.append(f"{'':<12}{planned}")
         rhead = f"{'rule':<36}{'level':<12}{'graph':<22}{'matched':>8}{'declined':>9}{'errors':>7}{'-nodes':>7}{'+nodes':>7}{'ms':>8}"
         lines += ["", rhead, "-" * len(rhead)]
         for g in self.graphs:

@@ -79,11 +79,11 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _replay(level: str, rules: list[tuple[Rule, dict[str, Any]]]) -> Any:
+def _replay(level: str, rules: list[tuple[Rule, dict[str, Any]]], planner: Any = None) -> Any:
     """The numeric check's replay: the same driver on a fresh copy, with a rewrite budget."""
 
     def replay(trial: fx.GraphModule, max_rewrites: int | None) -> list[str]:
-        driver = Driver(make_view(level, trial), rules, GraphReport(level, "bisect"), max_rewrites)
+        driver = Driver(make_view(level, trial), rules, GraphReport(level, "bisect"), max_rewrites, planner=planner)
         driver.run()
         return driver.applied
 
@@ -103,7 +103,7 @@ def _run_with_rollback(gm: fx.GraphModule, view: GraphView, rules: list[tuple[Ru
     disabled: set[str] = set()
     for _attempt in range(MAX_ATTEMPTS):
         active = [(r, o) for r, o in rules if r.name not in disabled]
-        driver = Driver(view, active, gr, config.driver.max_rewrites, config.driver.lint == "each")
+        driver = Driver(view, active, gr, config.driver.max_rewrites, config.driver.lint == "each", config.planner)
         try:
             with refusing_new_guards(_shape_env(view)):
                 driver.run()
@@ -116,7 +116,7 @@ def _run_with_rollback(gm: fx.GraphModule, view: GraphView, rules: list[tuple[Ru
         if not config.driver.numeric_check or driver.rewrites == 0:
             break
         gm.recompile()
-        differs, culprit, note = find_culprit(gm, backup, view, _replay(view.level, active), example_inputs, config.driver.max_rewrites)
+        differs, culprit, note = find_culprit(gm, backup, view, _replay(view.level, active, config.planner), example_inputs, config.driver.max_rewrites)
         if not differs:
             gr.notes.append(note)
             if note.startswith(NUMERIC_SKIPPED):

@@ -34,6 +34,7 @@ from typing import Any, Iterable
 import torch
 import torch.fx as fx
 
+from . import collectives
 from .symbolic import known_eq, known_lt, known_ne
 from .view import GraphView, is_int
 from .vocab import VIEW_OPS
@@ -72,6 +73,7 @@ class AliasAnalysis:
             if node.op == "output":
                 self.output_node = node
         self.built = False
+        self._barriers: list[fx.Node] | None = None  # collectives, found at the first rewrite
         if self.mutated:
             self._build()
 
@@ -263,6 +265,23 @@ class AliasAnalysis:
                 if j is not None and (disjoint_chunks_ok or self.view.outputs_are_gradients()) and self._distinct_chunks(new, pairs[j][1]):
                     continue  # disjoint chunks of one buffer
                 return f"graph outputs {what} and {other.name} would alias each other"
+        return None
+
+    # collectives (core/collectives.py) ---------------------------------------------
+    def barrier_problem(self, pairs: list[tuple[fx.Node, fx.Node]], new_nodes: Iterable[fx.Node]) -> str | None:
+        """Why the rewrite would move a computed value across a collective, if it would:
+        a replaced node whose new value is computed (a node the rewrite made) on the other
+        side of a collective than the old one was."""
+        if self._barriers is None:
+            self._barriers = collectives.barriers(self.view.graph)
+        if not self._barriers:
+            return None
+        made = set(new_nodes)
+        for old, new in pairs:
+            if new in made:
+                c = collectives.between(old, new, self._barriers)
+                if c is not None:
+                    return f"would move the computation of {old.name} across the collective {c.name} (collectives are barriers)"
         return None
 
     def _distinct_chunks(self, a: fx.Node, b: fx.Node) -> bool:

@@ -83,6 +83,7 @@ class Surgery:
                 raise RuntimeError("replacement refers to an erased node")
             _check_same_value(self.view, old, new)
         problem = self.mutation_problem(pairs, builder) or self.alias.outputs_problem(pairs, disjoint_chunks_ok=group)
+        problem = problem or self.alias.barrier_problem(pairs, builder.new_nodes)  # collectives: core/collectives.py
         if problem:
             raise Decline(problem)
         relaid = self.layout_changes(pairs, new_set)

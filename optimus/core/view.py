@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import torch
 import torch.fx as fx
 
+from .collectives import is_barrier
 from .vocab import SCHEMAS, Call
 
 REQUIRED = object()  # marker: parameter without a default
@@ -397,6 +398,8 @@ class GraphView:
         """True when erasing the node (once unused) could change behaviour."""
         if node.op in ("placeholder", "output", "get_attr"):
             return node.op != "get_attr"
+        if is_barrier(node):  # a collective: other ranks wait for it (core/collectives.py)
+            return True
         if self.mutated_inputs(node):
             return True
         try:

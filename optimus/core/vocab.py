@@ -68,6 +68,11 @@ SCHEMAS: dict[str, tuple[str, ...]] = {
     "sub": ("input", "other", "alpha"),
     "mul": ("input", "other"),
     "div": ("input", "other", "rounding_mode"),
+    # embedding lookups: Torch-IR's F.embedding / F.embedding_bag, Aten-IR's aten.embedding and
+    # aten._embedding_bag[_forward_only] (a tuple result: the pooled output is item 0).
+    # embedding_bag.mode is "sum" / "mean" / "max"; padding_idx is None or an int.
+    "embedding": ("input", "weight", "padding_idx", "max_norm", "scale_grad_by_freq", "sparse"),
+    "embedding_bag": ("input", "weight", "offsets", "max_norm", "scale_grad_by_freq", "mode", "sparse", "per_sample_weights", "include_last_offset", "padding_idx"),
 }
 
 # Values of omitted arguments when a rule emits an op.
@@ -158,6 +163,18 @@ def register_ops(schemas: dict[str, tuple[str, ...]]) -> None:
         if name in SCHEMAS and SCHEMAS[name] != tuple(args):
             raise ValueError(f"canonical op {name!r} already has arguments {SCHEMAS[name]}")
         SCHEMAS[name] = tuple(args)
+
+
+# Canonical ops that are one callable at every FX level (torch.library custom ops such as
+# ``torch.ops.optimus.grouped_embedding_bag.default``): name -> OpOverload. Their canonical
+# arguments are the overload's schema names, in order; the views emit them as they are.
+EXTERN_OPS: dict[str, Any] = {}
+
+
+def register_extern_op(name: str, target: Any) -> None:
+    """Let rules emit the ``OpOverload`` ``target`` as canonical op ``name`` at every FX level."""
+    register_ops({name: tuple(a.name for a in target._schema.arguments)})
+    EXTERN_OPS[name] = target
 
 
 @dataclasses.dataclass(frozen=True)

@@ -424,3 +424,14 @@ def call_safely(fn: Callable[[], Any], default: Any) -> Any:
         return fn()
     except Exception:
         return default
+
+
+def is_communication(snode: Any) -> bool:
+    """Is the scheduler node a collective or a wait on one (``_CollectiveKernel`` /
+    ``_WaitKernel``; also inside a grouped node)? Collectives are barriers: no fusion moves
+    a kernel across one (see ``optimus.core.collectives``)."""
+    try:
+        from torch._inductor.utils import contains_collective, contains_wait
+    except ImportError:  # pragma: no cover - other layouts: nothing is treated as one
+        return False
+    return bool(call_safely(lambda: contains_collective(snode) or contains_wait(snode), False))

@@ -309,12 +309,21 @@ class Driver:
         """Structural legality of putting independent ``a`` and ``b`` in one launch."""
         if compat.call_safely(a.get_device, None) != compat.call_safely(b.get_device, None):
             raise Decline("different device")
+        self._comm_check(a, b)
         reach = self.view.reach
         for x, y in ((a, b), (b, a)):
             if reach.reaches(x, y):
                 if any(p is x for p in reach.producers(y)):
                     raise Decline("depends on the other kernel's output (a producer/consumer pair)")
                 raise Decline("would create a cycle (a dependency path connects them)")
+
+    def _comm_check(self, a: Any, b: Any) -> None:
+        """Collectives are barriers: no kernel moves across one (``core/collectives.py``)."""
+        if not self.view.has_communication:
+            return
+        sa, sb = self.view.comm_segment(a), self.view.comm_segment(b)
+        if sa is None or sa != sb:
+            raise Decline("a collective lies between them; fusing would move a kernel across it (collectives are barriers)")
 
     # ------------------------------------------------------------ independent / combo
     def _groups(self, rule: FusionRule, options: dict[str, Any], stats: RuleStats) -> None:
@@ -504,6 +513,7 @@ class Driver:
                 try:
                     if compat.call_safely(a.get_device, None) != compat.call_safely(b.get_device, None):
                         raise Decline("different device")
+                    self._comm_check(a, b)
                     self._conditions(rule, m)
                     action = rule.replace(m, FusionBuilder())
                     if action is None:

@@ -122,11 +122,16 @@ class SchedulerView:
         self._span: dict[int, tuple[int, int]] = {id(n): (i, i) for i, n in enumerate(self.nodes)}
         self._alive: list[Any] = list(self.nodes)  # keeps ids in _span/_calls unique
         self._segment: dict[int, int | None] = {}
-        seg = 0
+        self._comm_segment: dict[int, int | None] = {}  # collectives passed (barriers)
+        seg = comm = 0
         for n in self.nodes:
             if compat.call_safely(n.is_extern, False) or compat.call_safely(n.is_template, False):
                 seg += 1
+            if compat.is_communication(n):
+                comm += 1
             self._segment[id(n)] = seg
+            self._comm_segment[id(n)] = comm
+        self.has_communication = comm > 0
         self.reach = Reachability(scheduler, self.nodes)
 
     # ----------------------------------------------------------------- classify
@@ -282,6 +287,11 @@ class SchedulerView:
         one C++ function with one parallel region; an extern call ends it."""
         return self._segment.get(id(node))
 
+    def comm_segment(self, node: Any) -> int | None:
+        """How many collectives (or waits) come before the node in the list the pass
+        started from; kernels with different counts lie on two sides of one."""
+        return self._comm_segment.get(id(node))
+
     def distance(self, a: Any, b: Any) -> int:
         """How far apart two nodes are in the schedule the pass started from (Inductor's
         ``are_long_distant_nodes`` measure, on the post-fusion list)."""
@@ -298,6 +308,8 @@ class SchedulerView:
         self._alive.append(new)
         segments = {self._segment.get(id(o)) for o in old}
         self._segment[id(new)] = segments.pop() if len(segments) == 1 else None
+        comms = {self._comm_segment.get(id(o)) for o in old}
+        self._comm_segment[id(new)] = comms.pop() if len(comms) == 1 else None
         spans = [self.order(o) for o in old]
         self._span[id(new)] = (min(lo for lo, _ in spans), max(hi for _, hi in spans))
         pos = min(i for i, n in enumerate(self.nodes) if any(n is o for o in old))

@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from . import dcnv2, dhen, dlrm, hstu, interformer, splitcat, towers, wukong
+from . import dcnv2, dhen, dlrm, hetero_towers, hstu, interformer, splitcat, towers, wukong
 from ._common import SIZES, ZooModel
 
 
@@ -44,6 +44,8 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("hstu", "layer_norm, wide addmm, split u/v/q/k, pointwise attention", hstu.build, hstu.CONFIGS),
         ModelSpec("splitcat", "illustrative split/cat/stack/unbind-heavy model", splitcat.build, splitcat.CONFIGS),
         ModelSpec("towers32", "32 parallel Linear->LayerNorm->ReLU towers, cat", towers.build, towers.CONFIGS),
+        ModelSpec("hetero_towers", "24 Linear->LayerNorm->ReLU towers, every in/out width distinct, cat",
+                  hetero_towers.build, hetero_towers.CONFIGS),
     ]
 }
 

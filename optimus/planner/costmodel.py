@@ -88,6 +88,7 @@ DEFAULTS: dict[str, DeviceProfile] = {
 }
 
 _PROFILES: dict[str, DeviceProfile] = {}
+PROFILE_ENV = "OPTIMUS_DEVICE_PROFILE"  # "defaults": never probe, use DEFAULTS (tests, reproducible plans)
 
 
 def dtype_class(dtype: torch.dtype) -> str:
@@ -124,6 +125,9 @@ def profile(device: Any = None, *, probe_if_missing: bool = True) -> DeviceProfi
     key = f"{dev.type}:{_device_name(dev)}"
     if key in _PROFILES:
         return _PROFILES[key]
+    if os.environ.get(PROFILE_ENV, "").strip().lower() == "defaults":  # reproducible plans: no probe
+        base = DEFAULTS["cuda" if dev.type == "cuda" else "cpu"]
+        return dataclasses.replace(base, source=f"defaults: {PROFILE_ENV}=defaults")
     path = _cache_file(dev)
     found: DeviceProfile | None = None
     if path.is_file():

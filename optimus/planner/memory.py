@@ -68,7 +68,10 @@ def _nbytes(t: torch.Tensor) -> int:
 class Liveness:
     """Per-node live bytes of ``graph`` (``curve[i]`` = bytes live while node ``i`` runs)."""
 
-    def __init__(self, graph: fx.Graph) -> None:
+    def __init__(self, graph: fx.Graph, saved_for_backward: bool = False) -> None:
+        """``saved_for_backward``: a training graph before AOTAutograd (Torch-IR), whose
+        results that need a gradient are kept for the backward: they stay live to the end
+        (the forward's peak is where every saved activation is live at once)."""
         self.nodes = list(graph.nodes)
         self.index = {n: i for i, n in enumerate(self.nodes)}
         n = len(self.nodes)
@@ -86,6 +89,11 @@ class Liveness:
                     size[k] = _nbytes(t)
                     end[k] = n - 1 if node.op == "placeholder" else i
             self.storage_of[node] = keys
+        if saved_for_backward:
+            for i, node in enumerate(self.nodes):
+                if node.op != "placeholder" and any(getattr(t, "requires_grad", False) for t in _tensors(_val(node))):
+                    for k in self.storage_of[node]:
+                        end[k] = n - 1
         for i, node in enumerate(self.nodes):
             for inp in node.all_input_nodes:
                 for k in self.storage_of.get(inp, ()):
@@ -142,10 +150,11 @@ class Liveness:
 class MemoryBudget:
     """The curve with every accepted group applied, against an allowed peak."""
 
-    def __init__(self, live: Liveness, allowed_increase: float) -> None:
+    def __init__(self, live: Liveness, allowed_increase: float, slack_bytes: float = 0.0) -> None:
         self.live = live
         self.base_peak = live.peak
-        self.allowed = self.base_peak * (1.0 + allowed_increase)
+        # a fraction of the peak, but never less than ``slack_bytes`` (tiny graphs)
+        self.allowed = self.base_peak + max(self.base_peak * allowed_increase, slack_bytes)
         self.curve = live.curve.copy()
 
     def increase(self, delta: np.ndarray) -> float:

@@ -15,6 +15,8 @@ from typing import Any, Hashable
 import torch.fx as fx
 
 from ..core.group import Group, group_rule
+from ..core.pattern import Lit, Op, Var
+from ..core.rule import rule
 from ..core.symbolic import known_eq, sym_key
 from ..core.view import GraphView, is_int
 from ..core.vocab import POINTWISE, Call, ParamRef
@@ -56,6 +58,9 @@ def _stack_is_free(view: GraphView, items: list[Any]) -> bool:
     return False
 
 
+stack_is_free = _stack_is_free  # the planner prices stacks with the same analysis (optimus.planner.estimate)
+
+
 def _launch_count(g: Group, operand_lists: list[list[Any]]) -> tuple[int, int]:
     """(kernels before, kernels after) for a fusion stacking ``operand_lists``."""
     copies = sum(0 if _stack_is_free(g.view, ops) else 1 for ops in operand_lists)
@@ -67,6 +72,10 @@ def _stacked_bytes(g: Group, operand_lists: list[list[Any]]) -> int:
 
 
 def _profitable(g: Group, operand_lists: list[list[Any]]) -> None:
+    """The rules' own heuristic: fewer launches, bounded stacked bytes. Under
+    ``passes="auto"`` the planner prices the built group instead (device time, memory)."""
+    if g.planned:
+        return
     before, after = _launch_count(g, operand_lists)
     if after >= before:
         g.decline(f"not profitable: {before} kernels would become {after} (stack copies included)")
@@ -289,3 +298,39 @@ def batch_mm(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
         bias = b.unsqueeze(bias, 1)
     a0 = g.members[0].args
     return _unbind_results(g, b, b.baddbmm(bias, x, w, a0.get("beta", 1), a0.get("alpha", 1)))
+
+
+# ------------------------------------------------------ gradient layout (backward)
+def _feeds_gradients_only(m: Any) -> bool:
+    """the transposed product is not only a gradient of a backward graph (through views)"""
+    view = m.view
+    product = m.product.node if isinstance(m.product, Call) else m.product
+    if not view.outputs_are_gradients() or len(product.users) != 1:
+        return False
+    stack, seen = [m.anchor.node], set()
+    while stack:
+        node = stack.pop()
+        for user in node.users:
+            if user.op == "output":
+                continue
+            call = view.classify(user)
+            if call is None or call.op not in ("select", "slice", "squeeze", "unbind", "getitem", "view", "reshape") or user in seen:
+                return False
+            seen.add(user)
+            stack.append(user)
+    return True
+
+
+@rule(Op("permute", Op("bmm", Var("a"), Var("b")).bind("product"), Lit([0, 2, 1])), where=[_feeds_gradients_only], levels=("aten_ir",), priority=60)
+def transpose_bmm_for_gradient_layout(m: Any, b: Any) -> fx.Node:
+    """A transposed batched product handed back as gradients is computed transposed, so
+    the gradients arrive in row-major layout (each weight's own strides: AccumulateGrad
+    takes them as they are instead of copying each).
+
+    bmm(a, b).permute(0, 2, 1) -> bmm(b.permute(0, 2, 1), a.permute(0, 2, 1))
+
+    This is the weight gradient of ``batch_linear``: its forward ``bmm(x, stack(w).mT)``
+    differentiates to ``bmm(x.mT, dy).mT``, whose per-member slices have strides (1, N)
+    against the parameters' (K, 1); ``bmm(dy.mT, x)`` gives the same values row-major.
+    """
+    return b.bmm(b.permute(m.b, [0, 2, 1]), b.permute(m.a, [0, 2, 1]))

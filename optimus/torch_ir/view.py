@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from ..core.levels import register_view
 from ..core.view import REQUIRED, GraphView, bind, is_int
-from ..core.vocab import MULTI_OUTPUT, SCHEMAS, UNARY_POINTWISE, ParamRef
+from ..core.vocab import EXTERN_OPS, MULTI_OUTPUT, SCHEMAS, UNARY_POINTWISE, ParamRef
 
 R = REQUIRED
 
@@ -120,6 +120,18 @@ _NEVER_IN_PLACE = {
     if "inplace" not in [p for p, _ in _SIGNATURES.get(name, ("", [], {}, None))[1]] and not getattr(fn, "__name__", "").endswith("_")
 } | {operator.getitem, operator.add, operator.sub, operator.mul, operator.truediv, operator.neg, operator.matmul, torch.tensor}
 
+# F.embedding / F.embedding_bag (registered after _NEVER_IN_PLACE: with max_norm they renormalise
+# the weight's rows in place). Keys are not torch names: torch.embedding(weight, input) differs.
+_SIGNATURES["F.embedding"] = ("embedding", [("input", R), ("weight", R), ("padding_idx", None), ("max_norm", None), ("norm_type", 2.0), ("scale_grad_by_freq", False), ("sparse", False)], {}, None)
+_SIGNATURES["F.embedding_bag"] = (
+    "embedding_bag",
+    [("input", R), ("weight", R), ("offsets", None), ("max_norm", None), ("norm_type", 2), ("scale_grad_by_freq", False), ("mode", "mean"), ("sparse", False), ("per_sample_weights", None), ("include_last_offset", False), ("padding_idx", None)],
+    {},
+    None,
+)
+_FUNCTIONS[F.embedding] = "F.embedding"
+_FUNCTIONS[F.embedding_bag] = "F.embedding_bag"
+
 _INPLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv, operator.imatmul, operator.setitem}
 
 # Canonical op -> the callable emitted for it.
@@ -196,6 +208,8 @@ class TorchIRView(GraphView):
             return None  # an in-place variant: a mutation, not a canonical op
         if "out" in node.kwargs:
             return None
+        if op in ("embedding", "embedding_bag"):
+            bound.pop("norm_type")
         if op == "layer_norm":
             bound.pop("cudnn_enable", None)
             bound["normalized_shape"] = list(bound["normalized_shape"]) if isinstance(bound["normalized_shape"], (list, tuple, torch.Size)) else [bound["normalized_shape"]]
@@ -340,7 +354,7 @@ class TorchIRView(GraphView):
             return cf, F.gelu, [a["input"]], ({"approximate": a["approximate"]} if a.get("approximate", "none") != "none" else {})
         if op == "dropout":
             return cf, F.dropout, [a["input"]], {"p": a["p"], "training": a["training"]}
-        fn = _EMIT_FUNCTIONS.get(op)
+        fn = _EMIT_FUNCTIONS.get(op) or EXTERN_OPS.get(op)
         if fn is None:
             raise KeyError(f"Torch-IR cannot emit {op!r}")
         return cf, fn, [a[name] for name in SCHEMAS[op] if name in a], {}
@@ -379,6 +393,11 @@ class TorchIRView(GraphView):
                 written.append(first)
             elif node.kwargs.get("inplace") is True and first is not None:
                 written.append(first)
+            elif target in (F.embedding, F.embedding_bag):
+                weight = node.args[1] if len(node.args) > 1 else node.kwargs.get("weight")
+                max_norm = node.args[3] if len(node.args) > 3 else node.kwargs.get("max_norm")
+                if max_norm is not None and isinstance(weight, fx.Node):
+                    written.append(weight)  # rows renormalised in place
             elif target in _FUNCTIONS and first is not None:
                 sig = _SIGNATURES.get(_FUNCTIONS[target])
                 if sig is not None:

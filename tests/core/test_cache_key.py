@@ -7,18 +7,17 @@ oc = importlib.import_module("optimus.compile")  # the module (optimus.compile i
 
 # Top-level parts of the package that do not decide compiled code (so are not hashed). A
 # new module or package must be put here or in compile.COMPILED_SOURCES.
-NOT_COMPILING = {"__init__.py", "cli.py", "measure.py", "graph_pictures.py", "tools", "bench", "models",
-                 "planner"}  # planner: no compiling module imports it yet; hash it once one does
+NOT_COMPILING = {"__init__.py", "cli.py", "measure.py", "graph_pictures.py", "tools", "bench", "models"}
 
 
 def test_key_covers_the_compiling_sources_only():
     names = [name for name, _ in oc.compiled_source_files()]
     for required in ("core/rule.py", "core/driver.py", "torch_ir/view.py", "aten_ir/view.py", "inductor_ir/passes.py",
-                     "rules/split_cat.py", "rules/kernel_fusion.py", "compile.py", "compat.py", "safety_net.py",
+                     "rules/split_cat.py", "rules/kernel_fusion.py", "planner/plan.py", "compile.py", "compat.py", "safety_net.py",
                      "kernels/ops.py", "kernels/custom_ops.py", "kernels/eager.py"):
         assert required in names, required
-    for tool in ("tools/", "bench/", "models/", "measure.py", "cli.py", "graph_pictures.py", "planner/",
-                 "kernels/bench.py", "kernels/bench_embedding.py", "kernels/aot_check.py"):
+    for tool in ("tools/", "bench/", "models/", "measure.py", "cli.py", "graph_pictures.py",
+                 "kernels/bench.py", "kernels/bench_embedding.py", "kernels/bench_grouped.py", "kernels/aot_check.py"):
         assert not any(n.startswith(tool) for n in names), tool
     assert names == sorted(names)
 

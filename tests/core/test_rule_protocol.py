@@ -67,9 +67,9 @@ def test_rule_constructor_still_builds_pattern_rules():
 
 
 def test_knobs_are_declared_apart_from_options():
-    assert GroupRule.KNOBS == {"min_group": 2, "max_group": 256}
+    assert GroupRule.KNOBS == {"min_group": 2, "max_group": 256, "max_span": 4096}
     batch = REGISTRY.get("batch_pointwise")
-    assert batch.knobs == {"min_group": 3, "max_group": 256} and "min_group" not in batch.options
+    assert batch.knobs == {"min_group": 3, "max_group": 256, "max_span": 4096} and "min_group" not in batch.options
     fusion = REGISTRY.get("fuse_producer_consumer")
     assert fusion.knobs == {"max_rounds": 10, "relaxed": False} and fusion.options == {"max_nodes": 64}
     assert set(REGISTRY.get("combo_small_kernels").knobs) == {"max_attempts", "verify_codegen", "benchmark"}

@@ -37,6 +37,7 @@ def test_two_large_copies_for_one_launch_lose_under_graphs_and_win_when_launch_b
 
 def test_cpu_probe_runs_and_is_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("OPTIMUS_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("OPTIMUS_DEVICE_PROFILE", raising=False)
     cm._PROFILES.clear()
     p = cm.profile("cpu")
     assert p.source.startswith("measured") and p.bandwidth_gbps > 0 and p.matmul_tflops["fp32"]["large"] > 0
@@ -49,6 +50,7 @@ def test_cpu_probe_runs_and_is_cached(tmp_path, monkeypatch):
 
 def test_corrupt_cache_is_ignored_with_a_warning(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("OPTIMUS_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("OPTIMUS_DEVICE_PROFILE", raising=False)
     cm._PROFILES.clear()
     cm._cache_file(torch.device("cpu")).parent.mkdir(parents=True, exist_ok=True)
     cm._cache_file(torch.device("cpu")).write_text(json.dumps({"device": "x"}))
@@ -60,3 +62,13 @@ def test_corrupt_cache_is_ignored_with_a_warning(tmp_path, monkeypatch, caplog):
     assert p.source.startswith("defaults")
     assert any("ignoring the device profile cache" in r.getMessage() for r in caplog.records)
     cm._PROFILES.clear()
+
+
+def test_the_defaults_variable_skips_the_probe(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPTIMUS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("OPTIMUS_DEVICE_PROFILE", "defaults")
+    cm._PROFILES.clear()
+    p = cm.profile("cpu")
+    assert p.source.startswith("defaults") and "OPTIMUS_DEVICE_PROFILE" in p.source
+    assert p.launch_us == cm.DEFAULTS["cpu"].launch_us
+    assert not list(tmp_path.iterdir())  # nothing probed, nothing cached

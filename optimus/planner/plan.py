@@ -1,0 +1,209 @@
+"""The planner behind ``passes="auto"``: which rewrites run, how big each group is.
+
+``passes="auto"`` selects every rule (like ``"all"``) and attaches a ``Planner`` to the
+compile. The planner decides three things, each reported:
+
+1. **Which Inductor-IR rules run** (``configure``): under CUDA graphs a replay launches
+   every kernel from the device, so a fusion that only saves launches
+   (``combo_small_kernels``) saves nothing and is left out.
+2. **Whether a horizontal group pays** (``judge``, called by the FX driver once the
+   replacement is built, before it is committed): the members' estimated device time
+   against the new nodes' (``estimate.nodes_cost``: stacks and cats are copies, the
+   batched op does the members' work, launches cost only when kernels are launched one
+   by one). A group that is not faster by the estimate is declined, with the estimate
+   in its reason.
+3. **How big a group may be** (``chunk``): the graph's liveness (``memory.Liveness``,
+   outputs and lifetimes included) with the group applied; a group that would raise the
+   graph's peak by more than ``memory_increase`` (2%) is cut into the largest chunks that
+   fit, or declined when not even ``min_group`` members fit.
+
+With ``tune=True`` (or ``mode="max-autotune"``) the compile also measures alternatives;
+that lives in ``optimus.compile`` (``Session._tuned``), built on ``tune`` and
+``decisions``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from ..core.report import GraphReport
+from ..core.symbolic import size_hint
+from ..core.view import GraphView
+from . import costmodel, estimate
+from ..rules.horizontal import stack_is_free
+from .memory import Liveness, MemoryBudget
+
+# Inductor-IR rules whose only gain is fewer launches: nothing under CUDA graphs.
+LAUNCH_ONLY_RULES = ("combo_small_kernels",)
+MEMORY_INCREASE = 0.02  # groups may raise a graph's estimated peak by at most 2% ...
+MEMORY_SLACK = 256 * 2**10  # ... or 256 KiB, whichever is more (a tiny graph's 2% is nothing)
+MIN_GAIN = 0.0  # µs: a group must be estimated faster than its members, strictly
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What the planner knows about the compile: device, CUDA graphs, training, tuning."""
+
+    device: str  # "cuda" / "cpu"
+    cudagraphs: bool = False
+    training: bool = False
+    tune: bool = False
+
+    @classmethod
+    def of_compile(cls, example_inputs: list[Any], inductor_options: dict[str, Any], mode_tunes: bool = False) -> "Context":
+        tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
+        device = "cuda" if any(t.device.type == "cuda" for t in tensors) else "cpu"
+        cudagraphs = bool(inductor_options.get("triton.cudagraphs", False))
+        training = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+        tune = mode_tunes or bool(inductor_options.get("max_autotune", False))
+        return cls(device, cudagraphs, training, tune)
+
+    @classmethod
+    def of_graph(cls, gm: fx.GraphModule, example_inputs: list[Any] | tuple[Any, ...] | None = None) -> "Context":
+        """A bare graph's context (``optimus.optimize``): its device; launched kernels, no grad."""
+        values = list(example_inputs or []) + [n.meta.get("val", n.meta.get("example_value")) for n in gm.graph.nodes if n.op == "placeholder"]
+        cuda = any(isinstance(v, torch.Tensor) and v.device.type == "cuda" for v in values)
+        return cls("cuda" if cuda else "cpu")
+
+    def describe(self) -> str:
+        parts = [self.device, "CUDA graphs" if self.cudagraphs else "launched kernels", "training" if self.training else "inference"]
+        return ", ".join(parts)
+
+
+@dataclasses.dataclass
+class Decision:
+    """One horizontal group the planner judged."""
+
+    rule: str
+    anchor: str
+    members: int
+    before: estimate.Cost
+    after: estimate.Cost
+    accepted: bool
+    why: str = ""
+
+    @property
+    def gain_us(self) -> float:
+        return self.before.us - self.after.us
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "anchor": self.anchor,
+            "members": self.members,
+            "before_us": round(self.before.us, 2),
+            "before_kernels": self.before.kernels,
+            "after_us": round(self.after.us, 2),
+            "after_kernels": self.after.kernels,
+            "accepted": self.accepted,
+            "why": self.why,
+        }
+
+
+class Planner:
+    """One compile's planner (see module docstring). The FX driver calls
+    ``round_started`` / ``chunk`` / ``judge`` / ``accepted`` (``core.group.GroupPlanner``)."""
+
+    def __init__(self, context: Context, profile: costmodel.DeviceProfile | None = None, memory_increase: float = MEMORY_INCREASE) -> None:
+        self.context = context
+        self.profile = profile if profile is not None else costmodel.profile(context.device)
+        self.memory_increase = memory_increase
+        self._budget: MemoryBudget | None = None
+        self._report: GraphReport | None = None
+        self._training = False
+
+    # ------------------------------------------------------------------ identity
+    def fingerprint(self) -> str:
+        """Changes when a decision could: the context and the device profile."""
+        data = {"context": dataclasses.asdict(self.context), "profile": self.profile.to_json(), "memory": self.memory_increase}
+        return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def describe(self) -> str:
+        return f"planner: {self.context.describe()}; device profile {self.profile.device} ({self.profile.source})"
+
+    # ------------------------------------------------------------------ levels
+    def configure(self, rules: dict[str, tuple[str, ...]]) -> tuple[dict[str, tuple[str, ...]], list[str]]:
+        """The rules per level this compile runs, and a note per rule left out."""
+        notes: list[str] = []
+        if not self.context.cudagraphs:
+            return rules, notes
+        out = dict(rules)
+        kept = tuple(r for r in rules.get("inductor_ir", ()) if r not in LAUNCH_ONLY_RULES)
+        for r in rules.get("inductor_ir", ()):
+            if r not in kept:
+                notes.append(f"planner: {r} off (it only saves launches, and CUDA graphs make launches free)")
+        out["inductor_ir"] = kept
+        return out, notes
+
+    # ------------------------------------------------------------------ groups
+    def round_started(self, view: GraphView, report: GraphReport) -> None:
+        """A round of group rules starts on ``view``'s graph (as it is now)."""
+        self._report = report
+        self._training = self.context.training and view.level == "torch_ir"
+        try:
+            self._budget = MemoryBudget(Liveness(view.graph, saved_for_backward=self._training), self.memory_increase, MEMORY_SLACK)
+        except Exception as e:  # no metadata to size tensors: memory is not judged
+            self._budget = None
+            note = f"planner: no liveness for this graph ({type(e).__name__}); group sizes are not bounded by memory"
+            if note not in report.notes:
+                report.notes.append(note)
+
+    def _delta(self, view: GraphView, members: list[fx.Node]) -> Any:
+        assert self._budget is not None
+        return self._budget.live.group_delta(members, self._stacked_inputs(view, members))
+
+    @staticmethod
+    def _stacked_inputs(view: GraphView, members: list[fx.Node]) -> list[tuple[fx.Node, int]]:
+        """The members' activation inputs, which a batched op reads from a stacked copy
+        (none when they are consecutive parts of one tensor: that stack is a view)."""
+        firsts = [m.all_input_nodes[0] for m in members if m.all_input_nodes]
+        if len(firsts) != len(members) or stack_is_free(view, firsts):
+            return []
+        out = []
+        for node in firsts:
+            v = view.tensor_val(node)
+            if v is not None and node.op != "get_attr":
+                out.append((node, size_hint(v.numel()) * v.element_size()))  # its own bytes, not its base's
+        return out
+
+    def chunk(self, view: GraphView, members: list[fx.Node], min_group: int) -> tuple[int, str] | None:
+        """``None`` when every member fits the memory budget; else the members per chunk
+        (0: not even ``min_group`` fit) and why."""
+        if self._budget is None or len(members) < 2:
+            return None
+        if self._budget.fits(self._delta(view, members)):
+            return None
+        lo, hi, k = max(2, min_group), len(members) - 1, 0  # more members never need less memory
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            if self._budget.fits(self._delta(view, members[:mid])):
+                k, lo = mid, mid + 1
+            else:
+                hi = mid - 1
+        rise = self._budget.increase(self._delta(view, members)) / 2**20
+        why = f"memory: all {len(members)} at once would raise the graph's estimated peak by {rise:.2f} MiB (allowed: {self.memory_increase:.0%} or {MEMORY_SLACK // 2**10} KiB)"
+        return k, why
+
+    def judge(self, view: GraphView, rule: str, anchor: fx.Node, members: list[fx.Node], new_nodes: list[fx.Node]) -> str | None:
+        """Why the built replacement should not be committed, if it should not."""
+        p, launched = self.profile, not self.context.cudagraphs
+        before = estimate.nodes_cost(view, members, p, launched, self._training)
+        after = estimate.nodes_cost(view, new_nodes, p, launched, self._training, estimate.work(view, members))
+        ok = before.us - after.us > MIN_GAIN
+        why = "" if ok else f"cost model: not faster (est. {after.us - before.us:+.1f} µs: {before} -> {after}{' under CUDA graphs' if not launched else ''})"
+        self._record(Decision(rule, anchor.name, len(members), before, after, ok, why))
+        return None if ok else why
+
+    def accepted(self, view: GraphView, members: list[fx.Node]) -> None:
+        if self._budget is not None:
+            self._budget.accept(self._delta(view, members))
+
+    def _record(self, d: Decision) -> None:
+        if self._report is not None:
+            self._report.decisions.append(d.to_dict())

@@ -1,0 +1,305 @@
+"""Embedding rules: independent lookups on different tables become one grouped lookup.
+
+Recommendation models look up tens of tables per step, each its own kernels (an index copy,
+the gather, and in training a gradient zero-fill plus an accumulation per table). The
+``group_embedding_lookups`` group rule turns N independent ``embedding`` / ``embedding_bag``
+lookups (any mix: different table sizes and dims, sum / mean / plain embedding, padding rows,
+per-sample weights) into one ``torch.ops.optimus.grouped_embedding_bag`` call
+(``optimus.kernels``, see docs/kernels.md): the indices (and offsets, per-sample weights) are
+packed once, the pooled outputs come back side by side in one ``[B, sum D_t]`` buffer and each
+member's result is a chunk of one ``split`` of it, so a following ``cat`` of the pooled outputs
+is removed by the split/cat rules (``split_cat_to_identity``, ``cat_adjacent_segments``).
+
+Levels:
+
+* **Torch-IR** (pre-grad): the custom op carries its own autograd (one grouped backward that
+  writes every table's dense gradient), so training graphs get a grouped forward *and*
+  backward from AOTAutograd.
+* **Aten-IR**: the training graphs are already split into forward and backward. A forward
+  lookup whose backward reads only the indices (``aten.embedding``: the backward is
+  ``embedding_dense_backward(grad, indices, ...)``) is grouped in training forward graphs too;
+  the backward graph stays as it was. ``aten._embedding_bag`` in a training forward graph
+  returns offset2bag / bag sizes that its backward reads, so it is declined there;
+  ``aten._embedding_bag_forward_only`` (inference) is grouped.
+
+Declined, with the reason in the report (lookups that share a reason are grouped only with
+each other, and the group declines): ``max_norm`` (renormalises the weight in place during
+the lookup), ``sparse=True`` and ``scale_grad_by_freq`` where a gradient flows (the grouped
+op's sparse mode runs in eager only; frequency scaling is not implemented), mode ``"max"``,
+weights of a dtype the op does not take, offsets-form lookups whose index count is symbolic
+(data-dependent: the packed offsets need each table's count), and groups whose launches would
+not drop. Tables of different dtypes or devices never share a group (the key separates them).
+A table shared by two lookups is handled: it appears twice in the op's table list and
+autograd adds its two gradients. Mixed int32 / int64 index tensors are handled: packing them
+with one ``cat`` promotes them to int64.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Hashable
+
+import torch
+import torch.fx as fx
+
+from ..core.group import Group, group_rule
+from ..core.symbolic import known_eq, known_sizes_eq
+from ..core.view import GraphView, getitem_users, is_int
+from ..core.vocab import Call, ParamRef, register_extern_op
+from ..kernels.embedding_ops import MODES
+from ._facts import emittable_shape
+
+GROUPED_OP = "grouped_embedding_bag"
+register_extern_op(GROUPED_OP, torch.ops.optimus.grouped_embedding_bag.default)
+
+_WEIGHT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+# Launch estimates behind the profitability check (lower bounds, per step):
+# a lookup's backward is at least a gradient zero-fill and one accumulation; the grouped
+# backward (deterministic) is a memset, a key fill, a walk, a sort and a segment reduction.
+BACKWARD_LAUNCHES_PER_LOOKUP = 2
+BACKWARD_LAUNCHES_GROUPED = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class Lookup:
+    """One member read as an ``F.embedding_bag`` call over the grouped op's conventions."""
+
+    call: Call
+    weight: Any  # fx.Node or ParamRef
+    indices: fx.Node
+    offsets: fx.Node | None  # None: fixed bags (2-D indices, or plain embedding: bag size 1)
+    per_sample_weights: fx.Node | None
+    bags: Any  # number of bags (int or SymInt)
+    bag_size: int  # fixed bags only
+    mode: int  # MODES code
+    padding_idx: int  # non-negative row, or -1
+    rows: int
+    dim: int
+    out_shape: tuple[Any, ...]
+    blocker: str | None  # why this lookup cannot be grouped
+
+
+def _weight_val(view: GraphView, weight: Any) -> Any:
+    if isinstance(weight, ParamRef):
+        return view.gm.get_parameter(weight.target)
+    return view.tensor_val(weight)
+
+
+def _pooled_nodes(call: Call, view: GraphView) -> list[fx.Node] | None:
+    """The nodes holding the lookup's result: the node itself, or (Aten-IR's tuple-valued
+    ``_embedding_bag``) its item-0 getitems; ``None`` when other items are read."""
+    v = view.val(call.node)
+    if isinstance(v, torch.Tensor):
+        return [call.node]
+    users = getitem_users(call.node)
+    if users is None or set(users) - {0}:
+        return None
+    return users.get(0, [])
+
+
+def _grad_flows(view: GraphView, w: Any) -> bool:
+    """Does a gradient flow to the table through this graph (Torch-IR training)? Aten-IR
+    graphs run without autograd: their backward is a separate graph."""
+    return view.level == "torch_ir" and isinstance(w, torch.Tensor) and w.requires_grad
+
+
+def _fixed_bag_size(view: GraphView, offsets: Any, idx: torch.Tensor, args: dict[str, Any]) -> int | None:
+    """L when ``offsets`` is ``iota(B, start=0, step=L)`` over B * L indices: how Aten-IR spells
+    ``F.embedding_bag`` of 2-D ``[B, L]`` indices (flattened, with generated offsets)."""
+    if not isinstance(offsets, fx.Node) or offsets.target is not torch.ops.prims.iota.default or args.get("include_last_offset"):
+        return None
+    length = offsets.args[0] if offsets.args else None
+    if isinstance(length, fx.Node):  # a symbolic length: its value
+        length = view.val(length)
+    start, step = offsets.kwargs.get("start"), offsets.kwargs.get("step")
+    if start != 0 or not is_int(step) or step <= 0 or idx.dim() != 1 or not isinstance(length, (int, torch.SymInt)):
+        return None
+    return step if known_eq(idx.shape[0], length * step) else None
+
+
+def lookup_of(call: Call, view: GraphView) -> Lookup | None:
+    """``call`` as a ``Lookup``, or ``None`` when its shapes are unknown (not a candidate)."""
+    a = call.args
+    weight, indices = a["weight"], a["input"]
+    w, idx = _weight_val(view, weight), view.tensor_val(indices)
+    if w is None or idx is None or not isinstance(indices, fx.Node) or w.dim() != 2:
+        return None
+    rows, dim = w.shape
+    out = view.tensor_val(call.node) if call.op == "embedding" else None
+    blocker = None
+    grad = _grad_flows(view, w)
+    if not is_int(rows) or not is_int(dim):
+        blocker = "a table of symbolic size"
+    elif w.dtype not in _WEIGHT_DTYPES:
+        blocker = f"table dtype {w.dtype}: the grouped op takes float16, bfloat16, float32, float64"
+    elif idx.dtype not in _INDEX_DTYPES:
+        blocker = f"index dtype {idx.dtype}: the grouped op takes int32 / int64"
+    elif a.get("max_norm") is not None:
+        blocker = "max_norm: the lookup renormalises the table's rows in place"
+    elif a.get("sparse") and grad:
+        blocker = "sparse=True: the grouped op's sparse gradients run in eager only, not in a compiled graph"
+    elif a.get("scale_grad_by_freq") and grad:
+        blocker = "scale_grad_by_freq: the grouped op does not scale gradients by index frequency"
+    pad = a.get("padding_idx")
+    pad = -1 if pad is None else (pad + rows if is_int(pad) and is_int(rows) and pad < 0 else pad)
+    if not is_int(pad) and blocker is None:
+        blocker = "a padding_idx that is not a constant"
+    psw = a.get("per_sample_weights")
+    offsets = a.get("offsets")
+    if call.op == "embedding":
+        shape = tuple(idx.shape)
+        bags = idx.numel()
+        mode, bag_size, out_shape = MODES["embedding"], 1, shape + (dim,)
+    else:
+        mode_name = a.get("mode")
+        if mode_name not in ("sum", "mean") and blocker is None:
+            blocker = f"mode {mode_name!r}: the grouped op pools by sum or mean"
+        mode = MODES.get(mode_name, -1)
+        if offsets is None:
+            if idx.dim() != 2:
+                return None
+            bags, bag_size = idx.shape
+            if not is_int(bag_size) and blocker is None:
+                blocker = "a bag size that is not a constant"
+        elif _fixed_bag_size(view, offsets, idx, a) is not None:
+            bag_size = _fixed_bag_size(view, offsets, idx, a)
+            bags, offsets = view.tensor_val(offsets).shape[0], None
+        else:
+            off = view.tensor_val(offsets)
+            if off is None or off.dim() != 1 or idx.dim() != 1:
+                return None
+            bags = off.shape[0] - 1 if a.get("include_last_offset") else off.shape[0]
+            bag_size = 0
+            if a.get("include_last_offset") and not is_int(bags) and blocker is None:
+                blocker = "include_last_offset with a symbolic number of bags"
+            if not is_int(idx.shape[0]) and blocker is None:
+                blocker = "indices of symbolic (data-dependent) length: the packed offsets need each table's index count"
+            if off.dtype not in _INDEX_DTYPES and blocker is None:
+                blocker = f"offsets dtype {off.dtype}: the grouped op takes int32 / int64"
+        out_shape = (bags, dim)
+        if _pooled_nodes(call, view) is None and blocker is None:
+            blocker = "the backward graph reads this lookup's offset2bag / bag-size outputs (training forward graph)"
+    if psw is not None:
+        p = view.tensor_val(psw)
+        if p is None or p.dtype != w.dtype:
+            if blocker is None:
+                blocker = "per-sample weights of unknown or other dtype than the table"
+    if out is not None and not known_sizes_eq(tuple(out.shape), out_shape):
+        return None
+    return Lookup(call, weight, indices, offsets, psw, bags, bag_size, mode, pad, rows, dim, out_shape, blocker)
+
+
+def _lookup_key(call: Call, view: GraphView) -> Hashable:
+    """Lookups that may share one grouped op: same number of bags, same form (fixed bags or
+    offsets), per-sample weights on all or none, one table dtype and device; a lookup that
+    cannot be grouped keys with the others that cannot, for the same reason."""
+    lk = lookup_of(call, view)
+    if lk is None:
+        return None
+    w = _weight_val(view, lk.weight)
+    form = "fixed" if lk.offsets is None else "offsets"
+    return ("embedding", str(lk.bags), form, lk.per_sample_weights is not None, str(w.dtype), str(w.device), lk.blocker)
+
+
+# ------------------------------------------------------------------------- conditions
+def _every_lookup_supported(g: Group) -> str | None:
+    """a lookup the grouped op cannot take"""
+    return g.key[-1]
+
+
+def _launch_counts(g: Group) -> tuple[int, int]:
+    """(kernels before, kernels after) per step, forward and (Torch-IR, when a table needs
+    a gradient) backward: the packing copies of indices, offsets, per-sample weights count."""
+    lks = [lookup_of(c, g.view) for c in g.members]
+    n = len(lks)
+    copies = 1 + (lks[0].offsets is not None) + (lks[0].per_sample_weights is not None)
+    before, after = n, 1 + copies
+    if any(_grad_flows(g.view, _weight_val(g.view, lk.weight)) for lk in lks):
+        before += n * BACKWARD_LAUNCHES_PER_LOOKUP
+        after += BACKWARD_LAUNCHES_GROUPED
+    return before, after
+
+
+def _fewer_launches(g: Group) -> str | None:
+    """not profitable: the grouped lookup would not launch fewer kernels"""
+    before, after = _launch_counts(g)
+    if after >= before:
+        return f"not profitable: {before} kernels would become {after} (index packing included)"
+    return None
+
+
+# ------------------------------------------------------------------------ replacement
+@group_rule(
+    ("embedding", "embedding_bag"),
+    key=_lookup_key,
+    where=[_every_lookup_supported, _fewer_launches],
+    priority=100,
+    options={"deterministic": True},
+)
+def group_embedding_lookups(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
+    """Independent embedding lookups on different tables become one grouped lookup.
+
+    [embedding_bag(x_t, W_t, mode_t, padding_idx_t, psw_t)]  (and embedding(x_t, W_t) as bags of one)
+      -> split(optimus.grouped_embedding_bag([W_t], cat(x_t.flatten()), packed offsets,
+                                              cat(psw_t), modes, pads, ...), [D_t], 1)
+    Fixed bags (2-D indices, plain embeddings) pass bag sizes; jagged bags pass one offsets
+    vector: cat(offsets_t + count_0 + ... + count_{t-1}, [total]). A following cat of the
+    pooled outputs then is the op's output (split_cat_to_identity).
+
+    Torch-IR: the op's autograd gives one grouped backward for every table. Aten-IR:
+    inference graphs, and plain embeddings in training forward graphs (their backward
+    graph is left as it was). Declined with the reason: max_norm, sparse=True and
+    scale_grad_by_freq where a gradient flows, mode "max", training-graph _embedding_bag
+    (its backward reads offset2bag), offsets of data-dependent length, unprofitable groups.
+    """
+    view = g.view
+    lks = [lookup_of(c, view) for c in g.members]
+    for lk in lks:
+        if _pooled_nodes(lk.call, view) is None:
+            g.decline("the backward graph reads a lookup's offset2bag / bag-size outputs")
+    fixed = lks[0].offsets is None
+    flat = [lk.indices if view.rank(lk.indices) == 1 else b.reshape(lk.indices, [-1]) for lk in lks]
+    indices = b.cat(flat, 0)
+    offsets = None
+    if not fixed:
+        parts, base = [], 0
+        for lk in lks:
+            off = lk.offsets
+            if lk.call.args.get("include_last_offset"):
+                off = b.slice(off, 0, 0, lk.bags)  # the last entry is the index count (torch's contract)
+            parts.append(off if base == 0 else b.add(off, base))
+            base += view.shape(lk.indices)[0]
+        device = view.device(lks[0].indices)
+        parts.append(b.constant([base], [1], torch.int64, device))
+        offsets = b.cat(parts, 0)
+    psw = None
+    if lks[0].per_sample_weights is not None:
+        psw = b.cat([p if view.rank(p) == 1 else b.reshape(p, [-1]) for p in (lk.per_sample_weights for lk in lks)], 0)
+    out = b.emit(
+        GROUPED_OP,
+        weights=[b.value(lk.weight) for lk in lks],
+        indices=indices,
+        offsets=offsets,
+        per_sample_weights=psw,
+        modes=[lk.mode for lk in lks],
+        padding_idx=[lk.padding_idx for lk in lks],
+        bag_sizes=[lk.bag_size for lk in lks] if fixed else [],
+        sparse=[False] * len(lks),
+        deterministic=bool(g.options["deterministic"]),
+        index_counts=[],
+    )
+    chunks = b.split(out, [lk.dim for lk in lks], 1)
+    result: dict[fx.Node, fx.Node] = {}
+    for lk, chunk in zip(lks, chunks):
+        if len(lk.out_shape) != 2:  # an embedding of N-D indices: [numel, D] -> [*idx.shape, D]
+            shape = emittable_shape(lk.out_shape)
+            if shape is None:
+                g.decline("an embedding of indices with more than one symbolic size")
+            chunk = b.view(chunk, shape)
+        for node in _pooled_nodes(lk.call, view) or []:
+            # a graph output may not alias another output: that one gets its own copy
+            result[node] = b.clone(chunk) if any(u.op == "output" for u in node.users) else chunk
+    return result
+

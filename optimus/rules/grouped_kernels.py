@@ -1,0 +1,368 @@
+"""Heterogeneous horizontal rules: ops of *different* shapes become one call of our kernels.
+
+The stack-and-bmm rules of ``horizontal.py`` need members of identical shapes. Towers of
+different widths (DHEN-, Wukong-, InterFormer-like models) have linears of different
+(K, N) and LayerNorms of different widths; these rules merge them into one call of the
+project's grouped kernels, ``torch.ops.optimus.grouped_linear`` and
+``torch.ops.optimus.batched_layer_norm`` (``kernels/``: Triton on CUDA, plain torch on
+the CPU; registered with fake implementations and autograd).
+
+The custom ops take their operands *packed*: every member flattened and concatenated into
+one 1-D buffer per operand, the shapes as int lists (``kernels/custom_ops.py``). So a
+rewrite is::
+
+    [act(linear(x_i, w_i, b_i))] ->
+        y = grouped_linear(cat(x_i.reshape(-1)), cat(w_i.reshape(-1)), cat(b_i), ms, ks, ns, act)[0]
+        [view(chunk_i, (..., n_i)) for chunk_i in split(y, [m_i * n_i])]
+
+Levels:
+
+* Torch-IR, training and inference: the op's registered autograd gives the backward
+  (``grouped_linear_backward``: grouped dX and dW GEMMs), so AOTAutograd partitions it
+  like any op.
+* Aten-IR: the graph is already partitioned. In a training graph the forward's matmuls
+  have their backward in another graph that this rewrite cannot see, so emitting the op
+  there would leave the backward as it was while changing what the forward saves: the
+  Aten-IR rule runs on inference graphs only (no ``primals`` / ``tangents``) and declines
+  in training graphs with that reason. LayerNorm is decomposed at Aten-IR (var_mean, sub,
+  mul, ...): there is no layer_norm op to anchor on, so the LayerNorm rule is Torch-IR only.
+
+Uniform groups (every member of one shape) are left to the bmm / stack rules, which run
+first (lower priority number); a uniform group that reaches these rules is declined.
+The packs are copies (one kernel each) unless the operands already lie packed; the
+profitability check counts them, as ``horizontal._profitable`` counts stacks.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Hashable, Sequence
+
+import torch
+import torch.fx as fx
+
+from ..core.group import Group, group_rule
+from ..core.rule import Builder
+from ..core.view import GraphView, is_int
+from ..core.vocab import Call, ParamRef
+
+MAX_PACK_BYTES = 256 * 2**20
+
+# What the kernels accept (float64 only on their plain-torch path: not on CUDA).
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+# Epilogues the grouped-linear kernel fuses: canonical op -> the kernel's activation name.
+_EPILOGUES = {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "silu": "silu", "gelu": "gelu"}
+
+UNIFORM_LINEAR = "uniform shapes: batch_linear (bmm) handles them"
+UNIFORM_MM = "uniform shapes: batch_mm (bmm) handles them"
+UNIFORM_LAYER_NORM = "uniform shapes: batch_layer_norm (stack) handles them"
+TRAINING_GRAPH = (
+    "training graph at Aten-IR: the forward is already partitioned and the grouped op's backward "
+    "cannot be placed in the separate backward graph (the Torch-IR rule covers training)"
+)
+
+
+# ------------------------------------------------------------------------ helpers
+def _ops() -> Any:
+    """``torch.ops.optimus`` with the kernels' custom ops registered (imported on first use)."""
+    from .. import kernels  # noqa: F401  (importing registers the optimus:: ops)
+
+    return torch.ops.optimus
+
+
+def _static_shape(view: GraphView, value: Any) -> tuple[int, ...] | None:
+    """The value's shape if every size is a plain, non-zero int (the ops take int lists;
+    empty members are left to the ops they are)."""
+    if isinstance(value, ParamRef):
+        shape = tuple(view.gm.get_parameter(value.target).shape)
+    else:
+        shape = view.shape(value)
+    if shape is None or not all(is_int(s) and s > 0 for s in shape):
+        return None
+    return tuple(int(s) for s in shape)
+
+
+def _meta(view: GraphView, value: Any) -> tuple[str, str, bool] | None:
+    """(dtype, device, requires_grad) of a node or parameter."""
+    if isinstance(value, ParamRef):
+        p = view.gm.get_parameter(value.target)
+        return str(p.dtype), str(p.device), bool(p.requires_grad)
+    v = view.tensor_val(value)
+    if v is None:
+        return None
+    return str(v.dtype), str(v.device), bool(v.requires_grad)
+
+
+def _kernel_dtype(view: GraphView, value: Any) -> torch.dtype | None:
+    if isinstance(value, ParamRef):
+        dt = view.gm.get_parameter(value.target).dtype
+    else:
+        dt = view.dtype(value)
+    return dt if dt in _KERNEL_DTYPES else None
+
+
+def _call_op(b: Builder, target: Any, *args: Any) -> fx.Node:
+    """Emit ``target(*args)`` (a custom op, outside the canonical vocabulary) through the
+    builder: placed after its inputs, metadata from the op's fake implementation, and
+    erased with the builder's other nodes if the rewrite is rolled back."""
+    view = b.graph_view
+    args = tuple(b.value(a) for a in args)
+    b._place_after_inputs({"args": list(args)})
+    with b.graph.inserting_before(b.point):
+        node = b.graph.create_node("call_function", target, args, {})
+    b.new_nodes.append(node)
+    view.infer_meta(node)
+    return node
+
+
+def _flat(b: Builder, value: Any) -> fx.Node:
+    return b.reshape(b.value(value), [-1])
+
+
+def _pack(b: Builder, values: Sequence[Any]) -> fx.Node:
+    """The packed convention's operand: every member flattened, concatenated in order."""
+    return b.cat([_flat(b, v) for v in values], 0)
+
+
+def _pack_is_free(view: GraphView, values: Sequence[Any]) -> bool:
+    """A single member's operand needs no concatenation (its flat view is the pack)."""
+    return len(values) == 1
+
+
+def _pack_count(view: GraphView, operand_lists: Sequence[Sequence[Any]]) -> int:
+    return sum(0 if _pack_is_free(view, vs) else 1 for vs in operand_lists)
+
+
+def _nbytes(view: GraphView, value: Any) -> int:
+    if isinstance(value, ParamRef):
+        p = view.gm.get_parameter(value.target)
+        return p.numel() * p.element_size()
+    v = view.tensor_val(value)
+    return 0 if v is None else math.prod(int(s) for s in v.shape) * v.element_size()
+
+
+def _check_profitable(g: Group, kernels_before: int, operand_lists: Sequence[Sequence[Any]]) -> None:
+    """The rules' own heuristic (fewer launches, bounded packed bytes), as
+    ``horizontal._profitable``; under ``passes="auto"`` the planner prices the built group
+    instead (``optimus/planner/estimate.py`` charges the custom op its members' arithmetic)."""
+    if g.planned:
+        return
+    after = 1 + _pack_count(g.view, operand_lists)
+    if after >= kernels_before:
+        g.decline(f"not profitable: {kernels_before} kernels would become {after} (packing copies included)")
+    limit = g.options.get("max_pack_bytes", MAX_PACK_BYTES)
+    size = sum(_nbytes(g.view, v) for vs in operand_lists if not _pack_is_free(g.view, vs) for v in vs)
+    if size > limit:
+        g.decline(f"not profitable: would pack {size} bytes (> max_pack_bytes={limit})")
+
+
+def _unpack(b: Builder, packed: fx.Node, shapes: Sequence[Sequence[int]]) -> list[fx.Node]:
+    """Views of the packed result in the members' shapes."""
+    sizes = [math.prod(s) for s in shapes]
+    chunks = b.split(packed, sizes, 0) if len(shapes) > 1 else [packed]
+    return [b.view(c, list(s)) for c, s in zip(chunks, shapes)]
+
+
+def _epilogue(view: GraphView, node: fx.Node) -> tuple[str, fx.Node] | None:
+    """(kernel activation, activation node) when the node's only user is an activation
+    the kernel fuses, applied to it alone."""
+    if len(node.users) != 1:
+        return None
+    user = next(iter(node.users))
+    call = view.classify(user)
+    if call is None or call.op not in _EPILOGUES or call.input is not node:
+        return None
+    if call.op == "gelu" and call.args.get("approximate", "none") != "none":
+        return None  # the kernel's gelu is the exact (erf) one
+    if any(k != "input" and isinstance(v, fx.Node) for k, v in call.args.items()):
+        return None
+    return _EPILOGUES[call.op], user
+
+
+def _shared_epilogue(g: Group) -> tuple[str | None, list[fx.Node] | None]:
+    """The activation every member's result goes through alone (fused), else none."""
+    found = [_epilogue(g.view, n) for n in g.nodes]
+    if all(f is not None for f in found) and len({f[0] for f in found}) == 1:  # type: ignore[index]
+        return found[0][0], [f[1] for f in found]  # type: ignore[index]
+    return None, None
+
+
+def _emit_grouped_linear(g: Group, b: Builder, xs: list[Any], ws_nk: list[Any], bs: list[Any] | None,
+                         x_shapes: list[tuple[int, ...]], ns: list[int]) -> dict[fx.Node, fx.Node]:
+    """The grouped-linear rewrite of ``g``: ``ws_nk`` in ``F.linear``'s (N, K) layout."""
+    act, act_nodes = _shared_epilogue(g)
+    ks = [s[-1] for s in x_shapes]
+    ms = [math.prod(s[:-1]) for s in x_shapes]
+    before = len(g.members) * (2 if act is not None else 1)
+    _check_profitable(g, before, [xs, ws_nk] + ([bs] if bs is not None else []))
+    packed_x = _pack(b, xs)
+    packed_w = _pack(b, ws_nk)
+    packed_b = b.cat([b.value(v) for v in bs], 0) if bs is not None and len(bs) > 1 else (b.value(bs[0]) if bs else None)
+    out = _call_op(b, _ops().grouped_linear.default, packed_x, packed_w, packed_b, ms, ks, ns, act or "none")
+    y = b.getitem(out, 0)
+    results = _unpack(b, y, [tuple(s[:-1]) + (n,) for s, n in zip(x_shapes, ns)])
+    olds = act_nodes if act_nodes is not None else g.nodes
+    return dict(zip(olds, results))
+
+
+# ------------------------------------------------------------------- Torch-IR linear
+def _linear_key(call: Call, view: GraphView) -> Hashable:
+    x, w, bias = call.args["input"], call.args["weight"], call.args.get("bias")
+    if not isinstance(x, fx.Node) or not isinstance(w, (fx.Node, ParamRef)):
+        return None
+    xs, ws = _static_shape(view, x), _static_shape(view, w)
+    if xs is None or ws is None or len(xs) < 1 or len(ws) != 2 or ws[1] != xs[-1]:
+        return None
+    if bias is not None and (not isinstance(bias, (fx.Node, ParamRef)) or _static_shape(view, bias) != (ws[0],)):
+        return None
+    dt = _kernel_dtype(view, x)
+    metas = [_meta(view, v) for v in (x, w) + ((bias,) if bias is not None else ())]
+    if dt is None or any(m is None for m in metas) or len({m[:2] for m in metas}) != 1:  # type: ignore[index]
+        return None  # mixed dtypes / devices stay apart (and F.linear would reject them)
+    return ("grouped_linear", metas[0][:2], bias is not None)  # type: ignore[index]
+
+
+def _linear_shapes_differ(g: Group) -> str | None:
+    shapes = {(_static_shape(g.view, c.input), _static_shape(g.view, c.args["weight"])) for c in g.members}
+    return UNIFORM_LINEAR if len(shapes) == 1 else None
+
+
+@group_rule(
+    "linear",
+    key=_linear_key,
+    levels=("torch_ir",),
+    where=[_linear_shapes_differ],
+    priority=112,
+    options={"max_pack_bytes": MAX_PACK_BYTES},
+)
+def grouped_linear(g: Group, b: Builder) -> dict[fx.Node, fx.Node]:
+    """Independent linears of different (K, N) become one grouped-linear kernel call,
+    with the members' shared activation fused into its epilogue.
+
+    [act(linear(x_i, w_i, b_i))] -> unpack(optimus.grouped_linear(pack(x_i), pack(w_i), pack(b_i), act))
+    """
+    xs = [c.input for c in g.members]
+    ws = [c.args["weight"] for c in g.members]
+    bs = [c.args["bias"] for c in g.members] if g.members[0].args.get("bias") is not None else None
+    x_shapes = [_static_shape(g.view, x) for x in xs]
+    ns = [_static_shape(g.view, w)[0] for w in ws]  # type: ignore[index]
+    return _emit_grouped_linear(g, b, xs, ws, bs, x_shapes, ns)  # type: ignore[arg-type]
+
+
+# -------------------------------------------------------------- Aten-IR mm / addmm
+def _is_training_graph(view: GraphView) -> bool:
+    """A partitioned forward (``primals``) or a backward (``tangents``) graph."""
+    return any(n.op == "placeholder" and n.name.startswith(("primals", "tangents")) for n in view.graph.nodes)
+
+
+def _mm_key(call: Call, view: GraphView) -> Hashable:
+    a = call.args
+    x, m2 = a["input"], a["mat2"]
+    if not isinstance(x, fx.Node) or not isinstance(m2, fx.Node):
+        return None
+    xs, ms = _static_shape(view, x), _static_shape(view, m2)
+    if xs is None or ms is None or len(xs) != 2 or len(ms) != 2 or xs[1] != ms[0]:
+        return None
+    has_bias = call.op == "addmm"
+    if has_bias:
+        if a.get("beta", 1) != 1 or a.get("alpha", 1) != 1:
+            return None
+        bias = a["bias"]
+        if not isinstance(bias, fx.Node) or _static_shape(view, bias) != (ms[1],):
+            return None  # a row-broadcast bias is what the kernel adds
+    dt = _kernel_dtype(view, x)
+    nodes = [x, m2] + ([a["bias"]] if has_bias else [])
+    metas = [_meta(view, v) for v in nodes]
+    if dt is None or any(m is None for m in metas) or len({m[:2] for m in metas}) != 1:  # type: ignore[index]
+        return None
+    return ("grouped_mm", metas[0][:2], has_bias)  # type: ignore[index]
+
+
+def _inference_graph(g: Group) -> str | None:
+    return TRAINING_GRAPH if _is_training_graph(g.view) else None
+
+
+def _mm_shapes_differ(g: Group) -> str | None:
+    shapes = {(_static_shape(g.view, c.input), _static_shape(g.view, c.args["mat2"])) for c in g.members}
+    return UNIFORM_MM if len(shapes) == 1 else None
+
+
+@group_rule(
+    ("mm", "addmm"),
+    key=_mm_key,
+    levels=("aten_ir",),
+    where=[_inference_graph, _mm_shapes_differ],
+    priority=112,
+    options={"max_pack_bytes": MAX_PACK_BYTES},
+)
+def grouped_mm(g: Group, b: Builder) -> dict[fx.Node, fx.Node]:
+    """Independent matmuls of different shapes in an inference graph become one
+    grouped-linear kernel call (activation epilogue fused where the members share one).
+
+    [act(addmm(b_i, x_i, m_i))] -> unpack(optimus.grouped_linear(pack(x_i), pack(m_i.T), pack(b_i), act))
+    A linear's ``m_i`` is ``permute(w_i)``: ``m_i.T`` is ``w_i`` again once the vertical
+    rules fold the two permutes, so packing reads the weight where it lies.
+    """
+    xs = [c.input for c in g.members]
+    ws = [b.permute(c.args["mat2"], [1, 0]) for c in g.members]
+    bs = [c.args["bias"] for c in g.members] if g.op == "addmm" else None
+    x_shapes = [_static_shape(g.view, x) for x in xs]
+    ns = [_static_shape(g.view, c.args["mat2"])[1] for c in g.members]  # type: ignore[index]
+    return _emit_grouped_linear(g, b, xs, ws, bs, x_shapes, ns)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- Torch-IR layer_norm
+def _layer_norm_key(call: Call, view: GraphView) -> Hashable:
+    a = call.args
+    x = a["input"]
+    if not isinstance(x, fx.Node):
+        return None
+    shape = _static_shape(view, x)
+    norm = list(a["normalized_shape"])
+    if shape is None or len(shape) < 1 or len(norm) != 1 or norm[0] != shape[-1]:
+        return None  # the kernel normalizes over the last dim only
+    dt = _kernel_dtype(view, x)
+    w, bias = a["weight"], a["bias"]
+    for p in (w, bias):
+        if p is not None and (not isinstance(p, (fx.Node, ParamRef)) or _static_shape(view, p) != (shape[-1],)):
+            return None
+    metas = [_meta(view, v) for v in (x, w, bias) if v is not None]
+    if dt is None or any(m is None for m in metas) or len({m[:2] for m in metas}) != 1:  # type: ignore[index]
+        return None
+    return ("batched_layer_norm", metas[0][:2], float(a["eps"]), w is not None, bias is not None)  # type: ignore[index]
+
+
+def _layer_norm_shapes_differ(g: Group) -> str | None:
+    return UNIFORM_LAYER_NORM if len({_static_shape(g.view, c.input) for c in g.members}) == 1 else None
+
+
+@group_rule(
+    "layer_norm",
+    key=_layer_norm_key,
+    levels=("torch_ir",),
+    where=[_layer_norm_shapes_differ],
+    priority=122,
+    options={"max_pack_bytes": MAX_PACK_BYTES},
+)
+def batched_layer_norm(g: Group, b: Builder) -> dict[fx.Node, fx.Node]:
+    """Independent LayerNorms of different widths become one batched-layer-norm kernel call.
+
+    [layer_norm(x_i, (d_i,), w_i, b_i, eps)] -> unpack(optimus.batched_layer_norm(pack(x_i), pack(w_i), pack(b_i), rows, widths, eps))
+    """
+    a0 = g.members[0].args
+    xs = [c.input for c in g.members]
+    ws = [c.args["weight"] for c in g.members] if a0["weight"] is not None else None
+    bs = [c.args["bias"] for c in g.members] if a0["bias"] is not None else None
+    shapes = [_static_shape(g.view, x) for x in xs]
+    widths = [s[-1] for s in shapes]  # type: ignore[index]
+    rows = [math.prod(s[:-1]) for s in shapes]  # type: ignore[index]
+    _check_profitable(g, len(g.members), [xs] + [p for p in (ws, bs) if p is not None])
+    packed_x = _pack(b, xs)
+    packed_w = _pack(b, ws) if ws is not None else None
+    packed_b = _pack(b, bs) if bs is not None else None
+    out = _call_op(b, _ops().batched_layer_norm.default, packed_x, packed_w, packed_b, rows, widths, float(a0["eps"]))
+    results = _unpack(b, b.getitem(out, 0), shapes)  # type: ignore[arg-type]
+    return dict(zip(g.nodes, results))
+
+

@@ -1,0 +1,139 @@
+"""The launcher never hangs, and bad distributed input gives a clear error on every rank.
+
+Two gloo processes on the CPU with a ``file://`` rendezvous (no network). Nothing here
+compiles, so each test takes seconds (process start-up mostly).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+from torch import nn
+
+import optimus
+from optimus import distributed as odist
+
+
+# ------------------------------------------------------------------ workers (run in the ranks)
+def sum_of_ranks(ctx: odist.RankContext, payload: dict) -> dict:
+    import torch.distributed as dist
+
+    t = torch.tensor([float(ctx.rank + 1)])
+    dist.all_reduce(t)
+    return {"rank": ctx.rank, "world": ctx.world_size, "sum": t.item(), "backend": dist.get_backend(),
+            "nvls": os.environ.get("NCCL_NVLS_ENABLE"), "multicast": os.environ.get("TORCH_SYMM_MEM_DISABLE_MULTICAST")}
+
+
+def rank1_raises_while_rank0_waits(ctx: odist.RankContext, payload: dict) -> dict:
+    import torch.distributed as dist
+
+    if ctx.rank == 1:
+        raise ValueError("rank one is broken")
+    dist.all_reduce(torch.ones(1))  # never completes: rank 1 is gone
+    return {}
+
+
+def sleeps(ctx: odist.RankContext, payload: dict) -> dict:
+    time.sleep(600)
+    return {}
+
+
+def ddp_without_process_group(ctx: odist.RankContext, payload: dict) -> dict:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    optimus.compile(DDP(nn.Linear(4, 4)))
+    return {}
+
+
+def devices_differ(ctx: odist.RankContext, payload: dict) -> dict:
+    model = nn.Linear(4, 4).to("cpu" if ctx.rank == 0 else "meta")
+    try:
+        odist.check_consistent(model, passes="all")
+    except ValueError as e:
+        return {"error": str(e)}
+    return {"error": None}
+
+
+def wrapped_twice(ctx: odist.RankContext, payload: dict) -> dict:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from optimus.bench.distributed import fully_shard_fn
+
+    out: dict = {}
+
+    def attempt(name: str, build) -> None:
+        try:
+            build()
+            out[name] = None
+        except ValueError as e:
+            out[name] = str(e)
+
+    attempt("ddp(ddp)", lambda: optimus.compile(DDP(DDP(nn.Linear(4, 4)))))
+    attempt("fully_shard(ddp)", lambda: optimus.compile(fully_shard_fn()(DDP(nn.Linear(4, 4)))))
+
+    def nested_fsdp() -> None:  # blocks and the root: FSDP as it is meant to be used
+        m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+        fully_shard_fn()(m[0])
+        fully_shard_fn()(m)
+        optimus.compile(m)
+
+    attempt("nested fully_shard", nested_fsdp)
+
+    return out
+
+
+# ------------------------------------------------------------------ tests
+def test_ranks_run_and_report(tmp_path) -> None:
+    results = odist.launch(sum_of_ranks, {}, 2, str(tmp_path), timeout_s=120)
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["sum"] == 3.0 and r["world"] == 2 and r["backend"] == "gloo" for r in results)
+    # every process the launcher starts has NVLink multicast off (required on the GPU hosts)
+    assert all(r["nvls"] == "0" and r["multicast"] == "1" for r in results)
+
+
+def test_a_failing_rank_ends_the_launch_at_once(tmp_path) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(odist.LaunchError, match="rank 1 failed") as info:
+        odist.launch(rank1_raises_while_rank0_waits, {}, 2, str(tmp_path), timeout_s=300)
+    assert "rank one is broken" in str(info.value)
+    assert time.monotonic() - t0 < 120  # not the 300 s deadline, not gloo's own timeout
+
+
+def test_a_hang_ends_at_the_deadline(tmp_path) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(odist.LaunchError, match="did not finish within 15 s") as info:
+        odist.launch(sleeps, {}, 2, str(tmp_path), timeout_s=15)
+    elapsed = time.monotonic() - t0
+    assert elapsed < 60
+    assert "rank 0: " in str(info.value) and "rank 1: " in str(info.value)  # each rank's log tail
+
+
+def test_process_group_not_initialized(tmp_path) -> None:
+    with pytest.raises(odist.LaunchError, match="process group has not been initialized"):
+        odist.launch(ddp_without_process_group, {}, 2, str(tmp_path), timeout_s=120, init_pg=False)
+
+
+def test_check_consistent_needs_a_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group is initialized in this process")
+    with pytest.raises(ValueError, match="init_process_group"):
+        odist.check_consistent(nn.Linear(2, 2))
+
+
+def test_ranks_on_different_devices_get_the_same_error(tmp_path) -> None:
+    results = odist.launch(devices_differ, {}, 2, str(tmp_path), timeout_s=120)
+    errors = [r["error"] for r in results]
+    assert errors[0] is not None and errors[0] == errors[1]  # both ranks stop, the same way
+    assert "devices: rank 0 cpu, rank 1 meta" in errors[0]
+
+
+def test_a_model_wrapped_twice_is_refused(tmp_path) -> None:
+    [out, _] = odist.launch(wrapped_twice, {}, 2, str(tmp_path), timeout_s=240)
+    assert "wrapped twice" in out["ddp(ddp)"] and "DistributedDataParallel at module inside DistributedDataParallel" in out["ddp(ddp)"]
+    assert "wrapped twice" in out["fully_shard(ddp)"]
+    assert out["nested fully_shard"] is None

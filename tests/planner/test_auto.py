@@ -1,0 +1,264 @@
+"""passes="auto": the planner gates and sizes horizontal groups, picks Inductor-IR rules,
+and with tune=True measures candidate plans once per graph (optimus/planner/plan.py)."""
+
+import dataclasses
+import importlib
+import json
+import logging
+
+import pytest
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+import optimus
+from optimus.core.registry import resolve
+from optimus.planner import costmodel
+from optimus.planner.plan import Context, Planner
+
+oc = importlib.import_module("optimus.compile")
+H200ISH = costmodel.DEFAULTS["cuda"]
+
+
+class Towers(torch.nn.Module):
+    """``n`` independent linears on separate inputs; ``consume``: each output summed at
+    once (so only one is live at a time), else all returned."""
+
+    def __init__(self, n: int, m: int, k: int, consume: bool) -> None:
+        super().__init__()
+        self.w = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(k, k) / k**0.5) for _ in range(n)])
+        self.b = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(k)) for _ in range(n)])
+        self.consume = consume
+
+    def run(self, xs):
+        outs = [F.linear(x, w, b) for x, w, b in zip(xs, self.w, self.b)]
+        if self.consume:
+            total = outs[0].sum()
+            for o in outs[1:]:
+                total = total + o.sum()
+            return total
+        return tuple(outs)
+
+
+def towers(n: int, m: int, k: int, consume: bool) -> torch.nn.Module:
+    """A ``Towers`` whose forward takes ``n`` named inputs (symbolic_trace cannot unpack *args)."""
+    names = ", ".join(f"x{i}" for i in range(n))
+    scope: dict = {}
+    exec(f"def forward(self, {names}):\n    return self.run([{names}])\n", scope)
+    cls = type(f"Towers{n}", (Towers,), {"forward": scope["forward"]})
+    return cls(n, m, k, consume)
+
+
+def _optimize(model, inputs, planner):
+    gm = fx.symbolic_trace(model)
+    config = dataclasses.replace(resolve("auto"), planner=planner)
+    optimus.optimize(gm, passes=config, level="torch_ir", example_inputs=list(inputs))
+    return gm, gm.meta["optimus_report"]
+
+
+def _ops(gm):
+    return [n.target.__name__ if callable(n.target) else str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+
+
+@pytest.mark.parametrize("cudagraphs", [False, True])
+def test_small_group_is_taken_and_large_copy_heavy_group_declined(cudagraphs):
+    roomy = dict(profile=H200ISH, memory_increase=100.0)  # memory is not what this test judges
+    small = towers(8, 64, 32, consume=False)
+    xs = [torch.randn(64, 32) for _ in range(8)]
+    gm, report = _optimize(small, xs, Planner(Context("cuda", cudagraphs=cudagraphs), **roomy))
+    decisions = [d for g in report.graphs for d in g.decisions]
+    assert decisions and decisions[0]["accepted"], decisions
+    assert decisions[0]["after_us"] < decisions[0]["before_us"]
+    assert "linear" not in _ops(gm)  # batched
+    for got, want in zip(gm(*xs), small(*xs)):
+        torch.testing.assert_close(got, want)
+
+    # five 2048 x 1024 @ 1024 x 1024 linears: compute-bound, the device already full;
+    # stacking 40 MiB of inputs and 20 MiB of weights costs more than the launches saved
+    # (the rule's own launch count, 5 kernels -> 4, would take it)
+    big = towers(5, 2048, 1024, consume=False)
+    xs = [torch.randn(2048, 1024) for _ in range(5)]
+    gm, report = _optimize(big, xs, Planner(Context("cuda", cudagraphs=cudagraphs), **roomy))
+    decisions = [d for g in report.graphs for d in g.decisions if d["rule"] == "batch_linear"]
+    assert decisions and not any(d["accepted"] for d in decisions), decisions
+    assert decisions[0]["after_us"] > decisions[0]["before_us"]
+    assert _ops(gm).count("linear") == 5
+    reasons = [r for g in report.graphs for r in g.rules["batch_linear"].declined]
+    assert any(r.startswith("cost model: not faster (est. +") for r in reasons), reasons
+
+
+def test_a_group_that_raises_peak_memory_is_cut_into_chunks():
+    model = towers(12, 256, 256, consume=True)
+    xs = [torch.randn(256, 256) for _ in range(12)]
+    want = model(*xs)
+    gm, report = _optimize(model, xs, Planner(Context("cuda"), profile=H200ISH, memory_increase=0.7))
+    notes = [n for g in report.graphs for n in g.notes]
+    assert any("batch_linear: group of 12" in n and "cut into groups of" in n for n in notes), notes
+    ops = _ops(gm)
+    assert ops.count("baddbmm") >= 2 and ops.count("linear") <= 2, ops  # smaller batches (a leftover pair may stay)
+    torch.testing.assert_close(gm(*xs), want)
+    # without a planner ("all") the same graph is one group of 12
+    gm_all = fx.symbolic_trace(model)
+    optimus.optimize(gm_all, passes="all", level="torch_ir", example_inputs=xs)
+    assert _ops(gm_all).count("baddbmm") == 1
+
+
+def test_cuda_graphs_turn_off_launch_only_fusions_and_change_the_cache_key():
+    config = resolve("auto")
+    rules = dict(config.rules)
+    assert "combo_small_kernels" in rules["inductor_ir"]
+    graphs = Planner(Context("cuda", cudagraphs=True), profile=H200ISH)
+    kept, notes = graphs.configure(rules)
+    assert "combo_small_kernels" not in kept["inductor_ir"] and kept["inductor_ir"]
+    assert any("combo_small_kernels off" in n for n in notes)
+    launched = Planner(Context("cuda"), profile=H200ISH)
+    assert launched.configure(rules)[0] == rules
+    a = dataclasses.replace(config, planner=graphs).fingerprint()
+    b = dataclasses.replace(config, planner=launched).fingerprint()
+    assert a != b != config.fingerprint()
+
+
+def test_the_context_reads_cuda_graphs_training_and_autotune_from_the_compile():
+    w = torch.randn(2, requires_grad=True)
+    x = torch.randn(2)
+    assert Context.of_compile([w, x], {}) == Context("cpu", cudagraphs=False, training=True, tune=False)
+    with torch.no_grad():
+        assert not Context.of_compile([w, x], {}).training
+    assert Context.of_compile([x], {"triton.cudagraphs": True}).cudagraphs
+    assert Context.of_compile([x], {"max_autotune": True}).tune  # mode="max-autotune" implies tune=True
+    assert Context.of_compile([x], {}, mode_tunes=True).tune
+
+
+def test_auto_is_the_default_and_the_report_shows_the_planner():
+    model = towers(4, 16, 16, consume=False)
+    xs = [torch.randn(16, 16) for _ in range(4)]
+    compiled = optimus.compile(model)
+    got = compiled(*xs)
+    for g, w in zip(got, model(*xs)):
+        torch.testing.assert_close(g, w)
+    report = compiled.optimus_report
+    assert report.passes == "auto"
+    assert any(n.startswith("planner: cpu") for n in report.notes), report.notes
+    assert any(g.decisions for g in report.graphs)
+    assert "planner:" in report.table()
+
+
+def _tiny():
+    return towers(3, 8, 8, consume=True), [torch.randn(8, 8) for _ in range(3)]
+
+
+def test_tune_measures_once_then_the_decision_cache_answers(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPTIMUS_CACHE_DIR", str(tmp_path))
+    model, xs = _tiny()
+    first = optimus.compile(model, tune=True)
+    with torch.no_grad():  # inference graphs: one compile per candidate keeps the test short
+        torch.testing.assert_close(first(*xs), model(*xs))
+    notes = " | ".join(first.optimus_report.notes)
+    assert "measured" in notes and "->" in notes, notes
+    saved = json.loads((tmp_path / "decisions.json").read_text())
+    (entry,) = saved.values()
+    assert entry["plan"] in oc.TUNE_CANDIDATES and set(entry["measured_ms"]) == set(oc.TUNE_CANDIDATES)
+
+    torch._dynamo.reset()
+    second = optimus.compile(model, tune=True)
+    with torch.no_grad():
+        torch.testing.assert_close(second(*xs), model(*xs))
+    notes = " | ".join(second.optimus_report.notes)
+    assert "from the decision cache" in notes and "nothing re-measured" in notes, notes
+
+
+def test_a_corrupt_decision_cache_is_ignored_with_a_warning(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("OPTIMUS_CACHE_DIR", str(tmp_path))
+    (tmp_path / "decisions.json").write_text("{not json")
+    model, xs = _tiny()
+    with caplog.at_level(logging.WARNING, logger="optimus"):
+        compiled = optimus.compile(model, tune=True)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(*xs), model(*xs))
+    assert any("ignoring the planner's decision cache" in r.getMessage() for r in caplog.records)
+    assert any("measured" in n for n in compiled.optimus_report.notes)
+    assert isinstance(json.loads((tmp_path / "decisions.json").read_text()), dict)  # rewritten whole
+
+
+def test_tune_declines_a_graph_that_writes_its_inputs(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPTIMUS_CACHE_DIR", str(tmp_path))
+
+    def f(x, y):
+        x.add_(1)
+        return F.relu(x) + F.relu(y)
+
+    x, y = torch.randn(4), torch.randn(4)
+    compiled = optimus.compile(f, tune=True)
+    got = compiled(x.clone(), y)
+    torch.testing.assert_close(got, f(x.clone(), y))
+    assert any("not tuned" in n and "in place" in n for n in compiled.optimus_report.notes), compiled.optimus_report.notes
+
+
+def _opaque_grouped_op(*xs):  # stands for a rule's custom op: outside the vocabulary
+    return torch.cat(xs)
+
+
+def test_an_opaque_replacement_is_charged_the_members_arithmetic():
+    from optimus.core.levels import make_view
+    from optimus.planner import estimate
+
+    big = towers(5, 2048, 1024, consume=False)
+    xs = [torch.randn(2048, 1024) for _ in range(5)]
+    gm = fx.symbolic_trace(big)
+    oc._propagate_fake_meta(gm, xs)
+    view = make_view("torch_ir", gm)
+    members = [n for n in gm.graph.nodes if n.target is F.linear]
+    w = estimate.work(view, members)
+    assert w.flops == 5 * 2 * 2048 * 1024 * 1024 and w.tiles == 5 * 16 * 8
+    # a linear is in the vocabulary: priced with its own FLOPs, whatever the group's
+    assert estimate.node_cost(view, members[0], H200ISH, True, opaque=w).us == estimate.node_cost(view, members[0], H200ISH, True).us
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    with gm.graph.inserting_before(out):
+        grouped = gm.graph.call_function(_opaque_grouped_op, tuple(members))
+    grouped.meta["val"] = torch.empty(5 * 2048, 1024)
+    assert view.classify(grouped) is None
+    priced = estimate.node_cost(view, grouped, H200ISH, True, opaque=w)
+    bytes_only = estimate.node_cost(view, grouped, H200ISH, True)
+    floor = w.flops / (H200ISH.matmul_tflops["fp32"]["large"] * 1e6)
+    assert priced.us >= floor > bytes_only.us
+
+
+def test_training_keeps_activations_for_the_backward_so_batching_them_costs_no_peak():
+    from optimus.planner.memory import Liveness
+
+    def f(*args):  # 12 inputs, then 12 weights (graph inputs, like Dynamo's lifted parameters)
+        total = 0
+        for x, w in zip(args[:12], args[12:]):
+            total = total + F.linear(x, w).sum()  # each output dead right after its sum
+        return total
+
+    names = ", ".join(f"a{i}" for i in range(24))
+    scope = {"f": f}
+    exec(f"def g({names}):\n    return f({names})\n", scope)
+    gm = fx.symbolic_trace(scope["g"])
+    oc._propagate_fake_meta(gm, [torch.randn(256, 256) for _ in range(24)])
+    for n in gm.graph.nodes:  # as Dynamo's pre-grad graph of a training step records them
+        v = n.meta.get("val")
+        if n.op == "call_function" and isinstance(v, torch.Tensor):
+            n.meta["val"] = v.detach().requires_grad_(True)
+    members = [n for n in gm.graph.nodes if n.target is F.linear]
+    inference, training = Liveness(gm.graph), Liveness(gm.graph, saved_for_backward=True)
+    assert training.peak > inference.peak  # every linear's output is saved, not freed after its sum
+    assert inference.group_delta(members).max() > 0  # batching keeps all 12 outputs at once
+    assert training.group_delta(members).max() <= 0  # they were all live anyway
+
+
+def test_a_stack_of_consecutive_parts_is_priced_as_the_view_it_becomes():
+    from optimus.core.levels import make_view
+    from optimus.planner import estimate
+
+    def f(x):
+        a, b, c = x.unbind(0)
+        return torch.stack([a, b, c]) + torch.stack([c, a, b])
+
+    gm = fx.symbolic_trace(f)
+    oc._propagate_fake_meta(gm, [torch.randn(3, 64, 64)])
+    view = make_view("torch_ir", gm)
+    stacks = [n for n in gm.graph.nodes if n.target is torch.stack]
+    in_order, shuffled = (estimate.node_cost(view, s, H200ISH, True) for s in stacks)
+    assert in_order.kernels == 0 and shuffled.kernels == 1

@@ -1,0 +1,100 @@
+"""Gradients in the parameters' layout (issue 15 item 4): after the batched rewrite of
+identical linears (stack + bmm), each weight gradient arrives with its parameter's strides,
+so AccumulateGrad takes it as it is instead of launching a copy per parameter."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import optimus
+from optimus.core.levels import make_view
+
+
+class Towers(nn.Module):
+    def __init__(self, n=6, d=8, out=None, bias=True):
+        super().__init__()
+        self.d = d
+        self.lin = nn.ModuleList([nn.Linear(d, out or d, bias=bias) for _ in range(n)])
+        self.ln = nn.ModuleList([nn.LayerNorm(out or d) for _ in range(n)])
+
+    def forward(self, x):
+        return torch.cat([torch.relu(ln(lin(c))) for c, lin, ln in zip(x.split(self.d, 1), self.lin, self.ln)], 1)
+
+
+def both_levels_backend(graphs):
+    """Torch-IR rewrite, then AOTAutograd (Inductor's decompositions and partitioner) with the
+    Aten-IR rewrite of the forward and backward graphs; the graphs run eagerly."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._inductor.decomposition import select_decomp_table
+
+    def aten(gm, example_inputs):
+        optimus.optimize(gm, level="aten_ir")
+        graphs.append((gm, optimus.last_report()))
+        return make_boxed_func(gm.forward)
+
+    inner = aot_autograd(fw_compiler=aten, bw_compiler=aten, decompositions=select_decomp_table(),
+                         partition_fn=min_cut_rematerialization_partition)
+
+    def backend(gm, example_inputs):
+        optimus.optimize(gm, level="torch_ir")
+        graphs.append((gm, optimus.last_report()))
+        return inner(gm, example_inputs)
+
+    return backend
+
+
+def matched(graphs, name):
+    return sum(g.rules[name].matched for _, r in graphs for g in r.graphs if name in g.rules)
+
+
+@pytest.mark.parametrize("n,d,out,batch", [(6, 8, None, 4), (5, 6, 10, 3), (4, 16, 4, 7)])
+def test_batched_weight_gradients_have_the_parameters_strides(n, d, out, batch):
+    torch.manual_seed(0)
+    model = Towers(n, d, out)
+    ref = copy.deepcopy(model)
+    graphs = []
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=both_levels_backend(graphs), fullgraph=True)
+    incoming = {}  # the gradient autograd hands to AccumulateGrad (which copies it when its strides differ)
+    for name, p in model.named_parameters():
+        p.register_hook(lambda grad, name=name: incoming.update({name: grad.stride()}))
+    x = torch.randn(batch, n * d)
+    y, y_ref = compiled(x), ref(x)
+    torch.testing.assert_close(y, y_ref)
+    g = torch.randn(y.shape)
+    (y * g).sum().backward()
+    (y_ref * g).sum().backward()
+    assert matched(graphs, "batch_linear") == 1 and matched(graphs, "transpose_bmm_for_gradient_layout") == 1
+    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-5, msg=name)
+        assert incoming[name] == p.stride(), (name, incoming[name], p.stride())
+
+
+def test_backward_graph_returns_row_major_weight_gradients():
+    torch.manual_seed(1)
+    graphs = []
+    torch._dynamo.reset()
+    model = Towers(bias=False)
+    torch.compile(model, backend=both_levels_backend(graphs), fullgraph=True)(torch.randn(3, 48)).sum().backward()
+    bw = graphs[-1][0]
+    view = make_view("aten_ir", bw)
+    assert view.outputs_are_gradients()
+    out = next(n for n in bw.graph.nodes if n.op == "output")
+    grads = [a for a in out.args[0] if a is not None and tuple(view.shape(a)) == (8, 8)]
+    assert len(grads) == 6
+    assert all(view.tensor_val(a).stride() == (8, 1) for a in grads)
+
+
+def test_forward_graphs_are_left_alone():
+    """The rule is about gradients: in a forward graph a transposed product stays a view."""
+    from support import check_level
+
+    def f(a, b):
+        return torch.bmm(a, b).permute(0, 2, 1)
+
+    run = check_level(f, [torch.randn(2, 3, 4), torch.randn(2, 4, 5)], "aten_ir", grad=False)
+    assert run.matched("transpose_bmm_for_gradient_layout") == 0

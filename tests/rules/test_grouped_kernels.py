@@ -1,0 +1,339 @@
+"""Heterogeneous horizontal rules (optimus/rules/grouped_kernels.py): linears of different
+(K, N) become one optimus::grouped_linear, LayerNorms of different widths one
+optimus::batched_layer_norm. Structural (which ops remain, what the op was called with)
+and numeric (outputs and gradients equal eager, several shapes, both levels) on the CPU,
+where the custom ops run their plain-torch path; plus the bad inputs of issue 15."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import optimus
+from optimus.rules import grouped_kernels as gk
+from support import LEVELS, _run, assert_close_tree, check_level, run_level
+
+class HeteroTowers(nn.Module):
+    """Per-feature towers of distinct widths: Linear -> LayerNorm -> ReLU on each chunk."""
+
+    def __init__(self, ins=(3, 5, 7, 4, 6), outs=(4, 6, 3, 8, 5), bias=True, act=None):
+        super().__init__()
+        self.ins = list(ins)
+        self.act = act
+        self.lin = nn.ModuleList([nn.Linear(i, o, bias=bias) for i, o in zip(ins, outs)])
+        self.ln = nn.ModuleList([nn.LayerNorm(o) for o in outs])
+
+    def forward(self, x):
+        xs = x.split(self.ins, -1)
+        outs = []
+        for c, lin, ln in zip(xs, self.lin, self.ln):
+            h = lin(c)
+            if self.act is not None:
+                h = self.act(h)
+            outs.append(torch.relu(ln(h)))
+        return torch.cat(outs, -1)
+
+
+def params_as_inputs(model):
+    names = [n for n, _ in model.named_parameters()]
+
+    def f(x, *ps):
+        return torch.func.functional_call(model, dict(zip(names, ps)), (x,))
+
+    return f, [p.detach() for _, p in model.named_parameters()]
+
+
+def custom_calls(gm, name):
+    """The optimus::<name> nodes of a graph, as (args) tuples."""
+    target = getattr(torch.ops.optimus, name).default
+    return [n.args for n in gm.graph.nodes if n.op == "call_function" and n.target is target]
+
+
+def declines(run, rule):
+    out = {}
+    for r in run.reports:
+        for g in r.graphs:
+            if rule in g.rules:
+                for reason, k in g.rules[rule].declined.items():
+                    out[reason] = out.get(reason, 0) + k
+    return out
+
+
+SHAPES = [
+    ((3, 5, 7, 4, 6), (4, 6, 3, 8, 5), (4,)),
+    ((8, 16, 2, 5, 3), (3, 12, 9, 16, 6), (2, 3)),  # 3-D input: rows = 2 * 3
+    ((1, 9, 4, 4, 11, 6), (7, 2, 5, 13, 1, 3), (1,)),
+]
+
+
+@pytest.mark.parametrize("ins,outs,lead", SHAPES)
+def test_torch_ir_towers_become_one_grouped_linear_and_one_batched_layer_norm(ins, outs, lead):
+    torch.manual_seed(0)
+    f, ps = params_as_inputs(HeteroTowers(ins, outs))
+    run = check_level(f, [torch.randn(*lead, sum(ins))] + ps, "torch_ir")
+    ops = run.ops(0)
+    assert ops["linear"] == 0 and ops["layer_norm"] == 0, ops
+    (gl,) = custom_calls(run.graphs[0], "grouped_linear")
+    rows = 1
+    for s in lead:
+        rows *= s
+    assert gl[3:] == ([rows] * len(ins), list(ins), list(outs), "none")
+    (ln,) = custom_calls(run.graphs[0], "batched_layer_norm")
+    assert ln[3:] == ([rows] * len(ins), list(outs), 1e-5)
+    assert run.matched("grouped_linear") == 1 and run.matched("batched_layer_norm") == 1
+
+
+@pytest.mark.parametrize("ins,outs,lead", SHAPES[:2])
+def test_torch_ir_inference(ins, outs, lead):
+    torch.manual_seed(1)
+    f, ps = params_as_inputs(HeteroTowers(ins, outs))
+    run = check_level(f, [torch.randn(*lead, sum(ins))] + ps, "torch_ir", grad=False)
+    assert run.matched("grouped_linear") == 1 and run.matched("batched_layer_norm") == 1
+
+
+@pytest.mark.parametrize("act,name", [(torch.relu, "relu"), (torch.sigmoid, "sigmoid"), (torch.tanh, "tanh"), (F.silu, "silu"), (F.gelu, "gelu")])
+def test_shared_activation_is_fused_into_the_epilogue(act, name):
+    torch.manual_seed(2)
+    f, ps = params_as_inputs(HeteroTowers(act=act))
+    inputs = [torch.randn(5, 25)] + ps
+    expected = _run(f, inputs)
+    run = run_level(f, inputs, "torch_ir")
+    assert_close_tree((run.outputs, run.grads), expected, rtol=1e-4, atol=1e-5)  # another order of fp32 sums
+    (gl,) = custom_calls(run.graphs[0], "grouped_linear")
+    assert gl[6] == name
+    # only the towers' final relus (after the LayerNorm) are left
+    assert run.ops(0)[name] == (5 if name == "relu" else 0), run.ops(0)
+
+
+def test_tanh_approximate_gelu_and_mixed_activations_are_not_fused():
+    torch.manual_seed(3)
+    acts = [torch.relu, torch.relu, torch.tanh, torch.relu, torch.relu, lambda h: F.gelu(h, approximate="tanh")]
+
+    class Mixed(HeteroTowers):
+        def forward(self, x):
+            xs = x.split(self.ins, -1)
+            return torch.cat([a(lin(c)) for a, c, lin in zip(acts, xs, self.lin)], -1)
+
+    f, ps = params_as_inputs(Mixed((3, 5, 7, 4, 6, 2), (4, 6, 3, 8, 5, 9)))
+    run = check_level(f, [torch.randn(4, 27)] + ps, "torch_ir")
+    calls = custom_calls(run.graphs[0], "grouped_linear")
+    assert calls and all(c[6] == "none" for c in calls)
+    assert run.ops(0)["relu"] == 4 and run.ops(0)["tanh"] == 1 and run.ops(0)["gelu"] == 1
+
+
+def test_aten_ir_inference_graph_gets_grouped_linear():
+    torch.manual_seed(4)
+    f, ps = params_as_inputs(HeteroTowers(act=torch.relu))
+    run = check_level(f, [torch.randn(4, 25)] + ps, "aten_ir", grad=False)
+    ops = run.ops(0)
+    assert ops["addmm"] == 0 and ops["mm"] == 0, ops
+    (gl,) = custom_calls(run.graphs[0], "grouped_linear")
+    assert gl[3:] == ([4] * 5, [3, 5, 7, 4, 6], [4, 6, 3, 8, 5], "relu")
+    assert run.matched("grouped_mm") == 1
+    # the weights are packed as they lie: the permute of each linear's weight was folded away
+    assert ops["permute"] == 0, ops
+
+
+@pytest.mark.parametrize("bias,lead", [(False, (3,)), (True, (7,))])
+def test_aten_ir_inference_more_shapes(bias, lead):
+    """(3-D inputs of a split along the last dim decompose to expand + bmm at Aten-IR:
+    not candidates.)"""
+    torch.manual_seed(5)
+    f, ps = params_as_inputs(HeteroTowers(bias=bias))
+    run = check_level(f, [torch.randn(*lead, 25)] + ps, "aten_ir", grad=False)
+    assert run.matched("grouped_mm") == 1
+    assert len(custom_calls(run.graphs[0], "grouped_linear")) == 1
+
+
+def test_aten_ir_training_graphs_are_declined_with_the_reason():
+    torch.manual_seed(6)
+    f, ps = params_as_inputs(HeteroTowers())
+    run = check_level(f, [torch.randn(4, 25)] + ps, "aten_ir")
+    assert run.matched("grouped_mm") == 0
+    assert declines(run, "grouped_mm").get(gk.TRAINING_GRAPH, 0) >= 5
+    assert not any(custom_calls(g, "grouped_linear") for g in run.graphs)
+    assert run.ops(0)["addmm"] == 5
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_uniform_groups_are_left_to_bmm(level):
+    torch.manual_seed(7)
+    f, ps = params_as_inputs(HeteroTowers((6,) * 5, (4,) * 5))
+    rule = "grouped_linear" if level == "torch_ir" else "grouped_mm"
+    run = check_level(f, [torch.randn(4, 30)] + ps, level, passes=[rule], grad=level == "torch_ir")
+    assert run.matched(rule) == 0
+    reason = gk.UNIFORM_LINEAR if level == "torch_ir" else gk.UNIFORM_MM
+    assert declines(run, rule).get(reason, 0) == 5
+    # with every rule on, the bmm rules take them
+    run = check_level(f, [torch.randn(4, 30)] + ps, level, grad=level == "torch_ir")
+    assert run.matched(rule) == 0 and (run.matched("batch_linear") + run.matched("batch_mm")) >= 1
+
+
+def test_uniform_layer_norms_are_left_to_the_stack_rule():
+    xs = [torch.randn(3, 8) for _ in range(4)]
+    run = check_level(lambda *a: torch.cat([F.layer_norm(x, (8,)) for x in a], 1), xs, "torch_ir", passes=["batched_layer_norm"])
+    assert run.matched("batched_layer_norm") == 0
+    assert declines(run, "batched_layer_norm") == {gk.UNIFORM_LAYER_NORM: 4}
+
+
+def test_two_members_are_not_profitable():
+    torch.manual_seed(8)
+    f, ps = params_as_inputs(HeteroTowers((3, 5), (4, 6)))
+    run = check_level(f, [torch.randn(4, 8)] + ps, "torch_ir")
+    assert run.matched("grouped_linear") == 0
+    assert any("not profitable" in r for r in declines(run, "grouped_linear"))
+
+
+def test_shared_weight_and_weight_used_elsewhere_get_summed_gradients():
+    torch.manual_seed(9)
+    ws = [torch.randn(n, k) for k, n in ((3, 4), (5, 6), (7, 3), (4, 8))]
+    bs = [torch.randn(w.shape[0]) for w in ws]
+
+    def f(x, y, *wb):
+        w, b = wb[:4], wb[4:]
+        xs = x.split([3, 5, 7, 4], 1)
+        outs = [F.linear(c, wi, bi) for c, wi, bi in zip(xs, w, b)]
+        outs.append(F.linear(y, w[0], b[1][:4]))  # w[0] shared by two members
+        return torch.cat(outs + [w[2].sum(0, keepdim=True).expand(2, -1)], 1)  # w[2] also read elsewhere
+
+    run = check_level(f, [torch.randn(2, 19), torch.randn(2, 3)] + ws + bs, "torch_ir")
+    assert run.matched("grouped_linear") == 1
+
+
+def test_frozen_parameters_mixed_with_trainable_ones():
+    torch.manual_seed(10)
+    model = HeteroTowers()
+    for lin in model.lin[::2]:
+        lin.weight.requires_grad_(False)
+    model.ln[1].bias.requires_grad_(False)
+    ref = copy.deepcopy(model)
+    x = torch.randn(4, 25)
+    run_x = x.clone().requires_grad_()
+    torch._dynamo.reset()
+    seen = []
+
+    def backend(gm, example_inputs):
+        optimus.optimize(gm, level="torch_ir")
+        seen.append(gm)
+        return gm.forward
+
+    out = torch.compile(model, backend=backend, fullgraph=True)(run_x)
+    ref_x = x.clone().requires_grad_()
+    expected = ref(ref_x)
+    torch.testing.assert_close(out, expected)
+    g = torch.randn(out.shape)
+    (out * g).sum().backward()
+    (expected * g).sum().backward()
+    torch.testing.assert_close(run_x.grad, ref_x.grad)
+    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        assert (p.grad is None) == (q.grad is None), name
+        if q.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, msg=name)
+    assert custom_calls(seen[0], "grouped_linear") and custom_calls(seen[0], "batched_layer_norm")
+
+
+def test_mixed_dtypes_never_share_a_call():
+    torch.manual_seed(11)
+    dts = [torch.float32, torch.float32, torch.bfloat16, torch.float32, torch.bfloat16, torch.float32]
+    ks, ns = [3, 5, 7, 4, 6, 2], [4, 6, 3, 8, 5, 7]
+    ws = [torch.randn(n, k, dtype=d) for k, n, d in zip(ks, ns, dts)]
+    xs = [torch.randn(2, k, dtype=d) for k, d in zip(ks, dts)]
+
+    def f(*a):
+        x, w = a[:6], a[6:]
+        return torch.cat([F.linear(xi, wi).float() for xi, wi in zip(x, w)], 1)
+
+    expected = f(*xs, *ws)
+    run = run_level(f, xs + ws, "torch_ir", grad=False)
+    torch.testing.assert_close(run.outputs, expected, rtol=1e-2, atol=1e-2)
+    (gl,) = custom_calls(run.graphs[0], "grouped_linear")  # the 4 float32 ones (2 bf16 alone: no group)
+    assert gl[4] == [3, 5, 4, 2]
+
+
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("lead", [(4,), (2, 3)])
+def test_layer_norms_of_different_widths(affine, lead):
+    torch.manual_seed(12)
+    widths = [3, 8, 5, 16, 2]
+    xs = [torch.randn(*lead, d) for d in widths]
+    params = [torch.randn(d) for d in widths] * 2 if affine else []
+
+    def f(*a):
+        x = a[:5]
+        if affine:
+            w, b = a[5:10], a[10:]
+            return torch.cat([F.layer_norm(xi, (xi.shape[-1],), wi, bi, eps=1e-3) for xi, wi, bi in zip(x, w, b)], -1)
+        return torch.cat([F.layer_norm(xi, (xi.shape[-1],), eps=1e-3) for xi in x], -1)
+
+    run = check_level(f, xs + params, "torch_ir")
+    (ln,) = custom_calls(run.graphs[0], "batched_layer_norm")
+    assert ln[4] == widths and ln[5] == 1e-3 and (ln[1] is None) == (not affine)
+    assert run.ops(0)["layer_norm"] == 0
+
+
+def test_layer_norm_over_two_dims_is_not_a_candidate():
+    xs = [torch.randn(2, 3, d) for d in (4, 5, 6, 7)]
+    run = check_level(lambda *a: [F.layer_norm(x, x.shape[-2:]).sum() for x in a], xs, "torch_ir")
+    assert run.matched("batched_layer_norm") == 0 and run.ops(0)["layer_norm"] == 4
+
+
+def test_dynamic_batch_is_left_alone():
+    torch.manual_seed(13)
+    f, ps = params_as_inputs(HeteroTowers())
+    run = check_level(f, [torch.randn(4, 25)] + ps, "torch_ir", dynamic="batch")
+    assert not custom_calls(run.graphs[0], "grouped_linear")
+
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_non_contiguous_inputs_are_packed_by_copy(level):
+    torch.manual_seed(14)
+    ks, ns = [3, 5, 7, 4, 6], [4, 6, 3, 8, 5]
+    xs = [torch.randn(k, 6) for k in ks]  # used transposed: (6, k) with strides (1, 6)
+    ws = [torch.randn(n, k) for k, n in zip(ks, ns)]
+
+    def f(*a):
+        x, w = a[:5], a[5:]
+        return torch.cat([torch.relu(F.linear(xi.t(), wi)) for xi, wi in zip(x, w)], 1)
+
+    run = check_level(f, xs + ws, level, grad=level == "torch_ir")
+    assert run.matched("grouped_linear" if level == "torch_ir" else "grouped_mm") == 1
+
+
+def _interpreter_problem():
+    """Why the kernels cannot run in Triton's CPU interpreter here (None if they can): the
+    probe of the kernel tests (tests/kernels/kernels_testutil.py)."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "kernels" / "kernels_testutil.py"
+    spec = importlib.util.spec_from_file_location("_kernels_testutil_for_rules", path)
+    util = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(util)
+    if not util.HAS_TRITON:
+        return "triton not installed"
+    return util.INTERPRETER_PROBLEM
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU + Triton interpreter test")
+def test_rewritten_graph_runs_the_triton_kernels_in_the_interpreter(monkeypatch):
+    """The packed operands the rules build are what the Triton kernels take: the same
+    numerics through the kernels (Triton's CPU interpreter) as through eager."""
+    from optimus import kernels as K
+    from optimus.kernels import _routing
+
+    problem = _interpreter_problem()
+    if problem:
+        pytest.skip(problem)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    K.set_backend("triton")
+    try:
+        torch.manual_seed(15)
+        f, ps = params_as_inputs(HeteroTowers(act=torch.relu))
+        run = check_level(f, [torch.randn(3, 25)] + ps, "torch_ir")
+        assert run.matched("grouped_linear") == 1 and run.matched("batched_layer_norm") == 1
+        assert {"gl", "ln"} <= set(_routing._MODS)  # the kernel modules were launched
+    finally:
+        K.set_backend("auto")
