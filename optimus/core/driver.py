@@ -35,12 +35,14 @@ from .group import Group, GroupPlanner, GroupRule, classify_all, find_groups
 from .report import GraphReport, RuleStats
 from .rule import Builder, Decline, PatternRule, Rule
 from .safety import AliasAnalysis
+from .symbolic import GuardRefused
 from .transaction import Checked, Surgery
 from .view import GraphView
 
 log = logging.getLogger("optimus")
 
 DEAD_CODE = "dead_code_elimination"
+_FAILED = object()  # a group rule's key raised on a node
 
 
 class Driver:
@@ -105,7 +107,7 @@ class Driver:
             return None
 
         fused = 0
-        calls = [c for c in classify_all(self.view) if c.op in rule.anchors]
+        calls = [c for c in classify_all(self.view) if c.op in rule.anchors and self._safe_key(rule, c, stats) is not _FAILED]
         if not calls:
             return 0
         for group in find_groups(self.view, rule, options, excluded, lambda n, r: stats.decline(n.name, r), calls):
@@ -114,12 +116,27 @@ class Driver:
             fused += self._try_group(rule, group, stats)
         return fused
 
+    def _safe_key(self, rule: GroupRule, call: Any, stats: RuleStats) -> Any:
+        """The rule's ``key`` of ``call``, or ``_FAILED``: a key that raises (a broken
+        rule, or an argument it did not expect, such as a graph node where it compares
+        numbers) is that rule's error on that node: reported, the node left out, the
+        level goes on."""
+        if (rule.name, call.node) in self.failed:
+            return _FAILED
+        try:
+            return rule.key(call, self.view)
+        except Exception as e:
+            self.failed.add((rule.name, call.node))
+            stats.errors.append(f"{call.node.name}: key: {type(e).__name__}: {e}")
+            log.warning("optimus: the key of rule %s failed on %s; the node is left out: %s", rule.name, call.node.name, e)
+            return _FAILED
+
     def _try_group(self, rule: GroupRule, group: Any, stats: RuleStats) -> bool:
         if any(n._erased for n in group.nodes):
             return False
         # Earlier fusions this round may have rewired the members' inputs: read them again.
         fresh = [self.view.classify(n) for n in group.nodes]
-        if any(c is None or rule.key(c, self.view) != group.key for c in fresh):
+        if any(c is None or self._safe_key(rule, c, stats) != group.key for c in fresh):
             return False
         group.members = fresh
         group.planned = self.planner is not None
@@ -146,10 +163,10 @@ class Driver:
             if self.planner is not None:
                 self.planner.accepted(self.view, members)
             return True
-        except Decline as d:
+        except (Decline, GuardRefused) as d:
             self.surgery.discard(builder)
             for n in group.nodes:
-                stats.decline(n.name, d.reason)
+                stats.decline(n.name, _reason(d))
             return False
         except Exception as e:  # a broken rule never takes the compile down
             self.surgery.discard(builder)
@@ -203,11 +220,21 @@ class Driver:
 
     # ------------------------------------------------------------- one rewrite
     def _try(self, rule: PatternRule, options: dict[str, Any], call: Any) -> bool:
-        match = rule.match(call, self.view, options)
+        anchor = call.node
+        try:
+            match = rule.match(call, self.view, options)
+        except GuardRefused as g:  # a filter asked for a guard: silent, like an unmet filter
+            self.failed.add((rule.name, anchor))
+            log.debug("optimus: rule %s at %s: %s", rule.name, anchor.name, g)
+            return False
+        except Exception as e:  # a filter or a sub-pattern that raised: this rule's error here
+            self.failed.add((rule.name, anchor))
+            self.report.stats(rule.name).errors.append(f"{anchor.name}: match: {type(e).__name__}: {e}")
+            log.warning("optimus: rule %s failed to match %s: %s", rule.name, anchor.name, e)
+            return False
         if match is None:
             return False
         stats = self.report.stats(rule.name)
-        anchor = call.node
         t0 = time.perf_counter()
         builder: Builder | None = None
         try:
@@ -221,9 +248,9 @@ class Driver:
             checked = self.surgery.validate(pairs, builder)
             self._commit(rule, anchor, pairs, builder, stats, checked)
             return True
-        except Decline as d:
+        except (Decline, GuardRefused) as d:
             self.surgery.discard(builder)
-            stats.decline(anchor.name, d.reason)
+            stats.decline(anchor.name, _reason(d))
             return False
         except Exception as e:  # a broken rule never takes the compile down
             self.surgery.discard(builder)
@@ -273,3 +300,11 @@ class Driver:
         if erased:
             self.report.stats(DEAD_CODE).removed += len(erased)
             self.report.stats(DEAD_CODE).matched += len(erased)
+
+
+def _reason(d: Exception) -> str:
+    """A decline's reason; a refused guard is reported with its expression's shape only,
+    so that the report counts one reason, not one per symbol."""
+    if isinstance(d, Decline):
+        return d.reason
+    return "a symbolic size would need a guard (it would specialize the graph)"

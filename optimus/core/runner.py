@@ -31,6 +31,7 @@ from .registry import PassConfig
 from .report import GraphReport, Report, RuleStats
 from .rule import Rule
 from .snapshot import restore, snapshot
+from .symbolic import refusing_new_guards
 from .view import GraphView
 
 log = logging.getLogger("optimus")
@@ -89,6 +90,12 @@ def _replay(level: str, rules: list[tuple[Rule, dict[str, Any]]], planner: Any =
     return replay
 
 
+def _shape_env(view: GraphView) -> Any:
+    """The graph's shape environment (``None`` for graphs without symbolic sizes)."""
+    mode = view.fake_mode()
+    return getattr(mode, "shape_env", None) if mode is not None else None
+
+
 def _run_with_rollback(gm: fx.GraphModule, view: GraphView, rules: list[tuple[Rule, dict[str, Any]]], config: PassConfig, gr: GraphReport, example_inputs: list[Any] | None) -> None:
     graph = gm.graph
     level, graph_name = gr.level, gr.graph
@@ -98,7 +105,8 @@ def _run_with_rollback(gm: fx.GraphModule, view: GraphView, rules: list[tuple[Ru
         active = [(r, o) for r, o in rules if r.name not in disabled]
         driver = Driver(view, active, gr, config.driver.max_rewrites, config.driver.lint == "each", config.planner)
         try:
-            driver.run()
+            with refusing_new_guards(_shape_env(view)):
+                driver.run()
             graph.lint()
         except Exception as e:  # the driver itself failed: leave the level untouched
             restore(graph, backup)

@@ -35,8 +35,8 @@ import torch
 import torch.fx as fx
 
 from . import collectives
-from .symbolic import known_eq
-from .view import GraphView
+from .symbolic import known_eq, known_lt, known_ne
+from .view import GraphView, is_int
 from .vocab import VIEW_OPS
 
 # Ops whose result may share storage with a tensor argument: the view ops, plus the ones
@@ -337,41 +337,52 @@ def viewable(src: Any, shape: Any) -> bool:
     ``view`` needs each run of new dims to cover whole runs of old dims that are
     contiguous with each other; fake tensors do not check this, so the driver asks here.
     Walks the old dims from the innermost, cutting them into such runs, and matches the
-    new dims to the runs by element count. Unknown (symbolic) sizes or strides: ``False``.
+    new dims to the runs by element count. Sizes and strides may be symbolic: every
+    comparison must be provable (``core.symbolic``, no guard); two dims not provably
+    contiguous count as a cut (stricter, so still safe); an undecidable count: ``False``.
     """
     if not isinstance(src, torch.Tensor):
         return False
     try:
-        sizes = [int(s) for s in src.shape]
-        strides = [int(s) for s in src.stride()]
-        new = [int(s) for s in shape]
+        sizes, strides, new = list(src.shape), list(src.stride()), list(shape)
     except Exception:
         return False
-    numel = 1
+    if not all(isinstance(s, (int, torch.SymInt)) for s in sizes + strides + new):
+        return False
+    numel: Any = 1
     for s in sizes:
-        numel *= s
-    if numel == 0 or not sizes:
+        numel = numel * s
+    if not sizes or known_eq(numel, 0):
         return True
-    if -1 in new:
-        known = 1
-        for s in new:
-            if s != -1:
-                known *= s
-        if known == 0:
+    if not known_ne(numel, 0):
+        return False
+    holes = [i for i, s in enumerate(new) if is_int(s) and s == -1]
+    if holes:
+        known: Any = 1
+        for i, s in enumerate(new):
+            if i not in holes:
+                known = known * s
+        if len(holes) > 1 or not known_ne(known, 0):
             return False
-        new = [numel // known if s == -1 else s for s in new]
+        new[holes[0]] = numel // known
     v = len(new) - 1
     base = strides[-1]  # stride of the innermost dim of the current run
-    run_numel = view_numel = 1
+    run_numel: Any = 1
+    view_numel: Any = 1
     for d in range(len(sizes) - 1, -1, -1):
-        run_numel *= sizes[d]
-        if d == 0 or (sizes[d - 1] != 1 and strides[d - 1] != run_numel * base):
+        run_numel = run_numel * sizes[d]
+        contiguous_with_next = d > 0 and (known_eq(sizes[d - 1], 1) or known_eq(strides[d - 1], run_numel * base))
+        if not contiguous_with_next:
             # dims d.. form one contiguous run: the next new dims must cover it exactly
-            while v >= 0 and (view_numel < run_numel or new[v] == 1):
-                view_numel *= new[v]
+            while v >= 0 and not known_eq(view_numel, run_numel):
+                if not known_lt(view_numel, run_numel):
+                    return False  # more elements, or not provably fewer
+                view_numel = view_numel * new[v]
                 v -= 1
-            if view_numel != run_numel:
+            if not known_eq(view_numel, run_numel):
                 return False
+            while v >= 0 and known_eq(new[v], 1):  # size-1 new dims fit anywhere
+                v -= 1
             if d > 0:
                 base = strides[d - 1]
                 run_numel = view_numel = 1

@@ -107,6 +107,7 @@ class GraphView:
         self.graph = gm.graph
         self._fake_mode: Any = None
         self._fake_mode_known = False
+        self._foreign: dict[int, tuple[Any, Any]] = {}  # id(fake of another mode) -> (it, remade in ours)
         # node -> (args tuple, kwargs dict, Call): valid while the node's arguments are the
         # same objects (FX replaces the tuple whenever an input is rewired).
         self._calls: dict[fx.Node, tuple[Any, Any, Call | None]] = {}
@@ -123,8 +124,11 @@ class GraphView:
         return v if isinstance(v, torch.Tensor) else None
 
     def shape(self, node: Any) -> tuple[Any, ...] | None:
+        """The node's sizes; a ``SymInt`` the shape environment folded to a constant (a dim
+        Dynamo specialized, under ``dynamic=True`` every dim starts symbolic) as an int,
+        so rules see ``(s0, 8)``, not ``(s0, SymInt(8))``."""
         v = self.tensor_val(node)
-        return tuple(v.shape) if v is not None else None
+        return tuple(_constant_or_symbol(s) for s in v.shape) if v is not None else None
 
     def rank(self, node: Any) -> int | None:
         v = self.tensor_val(node)
@@ -260,21 +264,54 @@ class GraphView:
 
     # ---------------------------------------------------------------- fake meta
     def fake_mode(self) -> Any:
+        """The graph's own fake mode: the one of its metadata (the first fake value's;
+        Dynamo, AOTAutograd, ``torch.export`` and symbolic ``make_fx`` use one per
+        graph). New nodes' metadata is computed in it; never in a mode of our own."""
         if not self._fake_mode_known:
             from torch._subclasses.fake_tensor import FakeTensor
 
             for n in self.graph.nodes:
                 v = n.meta.get(self.meta_key)
+                if isinstance(v, (tuple, list)):
+                    v = next((x for x in v if isinstance(x, FakeTensor)), None)
                 if isinstance(v, FakeTensor):
                     self._fake_mode = v.fake_mode
                     break
             self._fake_mode_known = True
         return self._fake_mode
 
-    def value_of_tensor(self, t: torch.Tensor) -> Any:
-        """The metadata value for a real tensor (a fake copy when the graph is fake)."""
+    def _in_graph_mode(self, value: Any) -> Any:
+        """``value`` as a fake tensor of the graph's mode.
+
+        ``make_fx`` in its default (real) tracing mode records every node's metadata in a
+        fake mode of its own; fake tensors of two modes cannot meet in one op ("Mixing
+        fake modes NYI"). A foreign one is remade in the graph's mode with the same
+        size, strides, storage offset, dtype and device (cached, so one value stays one
+        tensor across evaluations).
+        """
+        from torch._subclasses.fake_tensor import FakeTensor
+
         mode = self.fake_mode()
-        return mode.from_tensor(t) if mode is not None else t
+        if not isinstance(value, FakeTensor) or mode is None or value.fake_mode is mode:
+            return value
+        cached = self._foreign.get(id(value))
+        if cached is not None and cached[0] is value:
+            return cached[1]
+        with mode, torch.no_grad():
+            storage = torch.empty(value.untyped_storage().nbytes() // max(value.element_size(), 1), dtype=value.dtype, device=value.device)
+            remade = storage.as_strided(value.shape, value.stride(), value.storage_offset())
+        remade.requires_grad_(value.requires_grad)
+        self._foreign[id(value)] = (value, remade)
+        return remade
+
+    def value_of_tensor(self, t: torch.Tensor) -> Any:
+        """The metadata value for a real tensor (a fake copy when the graph is fake).
+
+        Static sizes: a constant's sizes are what they are; a mode with a shape
+        environment would otherwise give them fresh symbols, and every rule reading them
+        would then need a guard to learn them back."""
+        mode = self.fake_mode()
+        return mode.from_tensor(t, static_shapes=True) if mode is not None else t
 
     def _run_context(self) -> contextlib.AbstractContextManager[Any]:
         mode = self.fake_mode()
@@ -302,7 +339,10 @@ class GraphView:
                     return replace[a]
                 if self.meta_key not in a.meta:
                     raise ValueError(f"no {self.meta_key!r} metadata on {a.name}")
-                return a.meta[self.meta_key]
+                v = a.meta[self.meta_key]
+                if isinstance(v, (tuple, list)):
+                    return type(v)(self._in_graph_mode(x) for x in v)
+                return self._in_graph_mode(v)
             return a
 
         if node.target is operator.getitem and isinstance(node.args[0], fx.Node) and is_int(node.args[1]):
@@ -366,6 +406,14 @@ class GraphView:
             return bool(node.is_impure())
         except Exception:  # pragma: no cover - defensive across torch versions
             return True
+
+
+def _constant_or_symbol(size: Any) -> Any:
+    if isinstance(size, torch.SymInt):
+        maybe = getattr(size.node, "maybe_as_int", None)
+        out = maybe() if maybe is not None else None
+        return int(out) if out is not None else size
+    return size
 
 
 def _clamp_slice(start: Any, end: Any, size: Any) -> tuple[Any, Any]:

@@ -17,6 +17,7 @@ import torch.fx as fx
 from ..core.group import Group, group_rule
 from ..core.pattern import Lit, Op, Var
 from ..core.rule import rule
+from ..core.symbolic import known_eq, sym_key
 from ..core.view import GraphView, is_int
 from ..core.vocab import POINTWISE, Call, ParamRef
 from ._facts import emittable_shape, part_of, segment_of
@@ -34,7 +35,8 @@ def _sig(view: GraphView, value: Any) -> Hashable:
         v = view.tensor_val(value)
         if v is None:
             return None
-        return ("tensor", tuple(str(s) for s in v.shape), str(v.dtype), str(v.device))
+        # sizes by their simplified expressions: equal keys mean provably equal sizes
+        return ("tensor", tuple(sym_key(s) for s in v.shape), str(v.dtype), str(v.device))
     if isinstance(value, (list, tuple)):
         return ("seq", tuple(_sig(view, x) for x in value))
     return ("const", repr(value))
@@ -50,8 +52,9 @@ def _stack_is_free(view: GraphView, items: list[Any]) -> bool:
         return [p.index for p in parts] == list(range(parts[0].index, parts[0].index + len(parts)))
     segs = [segment_of(view, i) for i in items]
     if all(s is not None for s in segs) and len({(id(s.source), s.dim) for s in segs}) == 1:
-        sizes = {s.end - s.start for s in segs}
-        return len(sizes) == 1 and all(a.end == b.start for a, b in zip(segs, segs[1:]))
+        # bounds may be symbolic: equal sizes and adjacency must be provable, not hinted
+        width = segs[0].end - segs[0].start
+        return all(known_eq(s.end - s.start, width) for s in segs) and all(known_eq(a.end, b.start) for a, b in zip(segs, segs[1:]))
     return False
 
 
@@ -224,8 +227,10 @@ def _pointwise_key(call: Call, view: GraphView) -> Hashable:
     x = a.get("input")
     if not isinstance(x, fx.Node) or view.rank(x) is None:
         return None
-    if call.op == "dropout" and a.get("training") and a.get("p", 0) > 0:
-        return None  # random: batching would draw different numbers than the members did
+    if call.op == "dropout" and not (known_eq(a.get("training"), False) or known_eq(a.get("p", 0), 0)):
+        # random (or possibly random: ``p`` or ``training`` may be graph inputs under
+        # dynamic shapes): batching would draw different numbers than the members did
+        return None
     parts = [call.op]
     for name in sorted(a):
         v = a[name]
@@ -234,7 +239,7 @@ def _pointwise_key(call: Call, view: GraphView) -> Hashable:
             return None
         parts.append((name, sig))
     out = view.tensor_val(call.node)
-    if out is None or tuple(str(s) for s in out.shape) != _sig(view, x)[1]:
+    if out is None or tuple(sym_key(s) for s in out.shape) != _sig(view, x)[1]:
         return None  # the op broadcasts its input: members would not line up
     return tuple(parts)
 

@@ -36,6 +36,19 @@ def test_fuzz_both_levels_match_eager():
         assert len(fired) >= 8, (lv, sorted(fired))  # many different rules rewrote something
 
 
+def test_fuzz_dynamic_mode_compiles_every_case_with_symbolic_sizes():
+    """``--dynamic``: every case under ``dynamic=True``; the rules still rewrite (they
+    reason with symbolic sizes) and every result matches eager."""
+    cases = max(16, CI_CASES // 10)
+    res = fuzz.fuzz(cases=cases, seed=1, batch=8, max_failures=3, max_shrink=2, shrink_seconds=30, dynamic="always")
+    assert res.failed_cases == 0, _explain(res)
+    for lv in fuzz.LEVELS:
+        fired = res.fired.get(lv, {})
+        assert sum(n for r, n in fired.items() if r != "dead_code_elimination") >= cases // 2, (lv, fired)
+    with pytest.raises(ValueError):
+        fuzz.fuzz(cases=1, dynamic="sometimes")
+
+
 # ------------------------------------------------------------------ a wrong rule
 X, S, D = Var("x"), Var("sizes"), Var("dim")
 

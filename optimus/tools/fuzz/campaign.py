@@ -204,6 +204,9 @@ class _Fuzzer:
             self.on_failure(failure)
 
 
+DYNAMIC_MODES = ("mixed", "always", "never")
+
+
 def fuzz(
     cases: int = 100,
     seed: int = 0,
@@ -218,8 +221,12 @@ def fuzz(
     progress: Callable[[FuzzResult], None] | None = None,
     on_failure: Callable[[Failure], None] | None = None,
     progress_every: float = 10.0,
+    dynamic: str = "mixed",
 ) -> FuzzResult:
     """Generate ``cases`` programs from ``seed`` and check each at ``levels``.
+
+    ``dynamic``: ``"mixed"`` (the generator's choice, ``dynamic=True`` for ~15% of
+    cases), ``"always"`` (every case compiled with every size symbolic) or ``"never"``.
 
     Cases are compiled ``batch`` at a time (same grad/dynamic flags); a batch that fails
     is re-run case by case. Failing cases are shrunk (the first ``max_shrink``, for at
@@ -232,6 +239,8 @@ def fuzz(
     for lv in levels:
         if lv not in LEVELS:
             raise ValueError(f"unknown level {lv!r}; valid: {', '.join(LEVELS)}")
+    if dynamic not in DYNAMIC_MODES:
+        raise ValueError(f"dynamic must be one of {DYNAMIC_MODES}, got {dynamic!r}")
     if aliasing not in ALIASING_MODES:
         raise ValueError(f"aliasing must be one of {ALIASING_MODES}, got {aliasing!r}")
     res = FuzzResult(seed, cases, tuple(levels), passes, max(1, batch), aliasing)
@@ -249,6 +258,8 @@ def fuzz(
                 res.stopped = f"{res.failed_cases} failing cases (max_failures)"
                 break
             case = generate(seed, index)
+            if dynamic != "mixed":
+                case = dataclasses.replace(case, dynamic=dynamic == "always")
             res.generated += 1
             res.families.update(case.families())
             ran, ref, why = reference(case)

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any, Sequence
 
-from .campaign import FuzzResult, fuzz
+from .campaign import DYNAMIC_MODES, FuzzResult, fuzz
 from .generate import generate
 from .oracle import ALIASING_MODES, resolve_passes
 from .program import LEVELS
@@ -31,6 +31,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="new",
         help="output aliasing check: 'new' (default): no output may newly alias an input or another output; "
         "'exact': nor stop aliasing; 'off'",
+    )
+    p.add_argument(
+        "--dynamic",
+        nargs="?",
+        const="always",
+        choices=DYNAMIC_MODES,
+        default="mixed",
+        help="symbolic shapes: 'mixed' (default: dynamic=True for ~15%% of cases), 'always' (also plain --dynamic: "
+        "every case compiled with dynamic=True), 'never'",
     )
     p.add_argument("--json", metavar="FILE", default=None, help="write the summary and every failure as JSON")
     p.add_argument("--max-seconds", type=float, default=None, help="stop starting new cases after this many seconds")
@@ -78,6 +87,7 @@ def run_cli(args: argparse.Namespace) -> int:
         aliasing=args.aliasing,
         shrink_seconds=args.shrink_seconds or None,
         max_shrink=args.max_shrink,
+        dynamic=args.dynamic,
         max_failures=args.max_failures,
         max_seconds=args.max_seconds,
         progress=None if args.quiet else progress,
