@@ -34,7 +34,7 @@ from . import compat, distributed, safety_net
 from .core.runner import optimize_graph
 from .core.snapshot import restore, snapshot
 from .core.passkey import UuidKeyed
-from .core.registry import PassConfig, resolve
+from .core.registry import AUTO, PassConfig, resolve
 from .core import upstream_names
 from .core.report import Report
 from .planner import plan as planner_plan
@@ -46,7 +46,10 @@ CustomGraphPass = compat.CustomGraphPass or object
 # The backend's own keys in ``options`` (everything else there is an Inductor option).
 PASSES_OPTION = "optimus_passes"
 TUNE_OPTION = "optimus_tune"
-DEFAULT_PASSES = "auto"  # the planner chooses (docs/planner.md); presets stay available
+# The default stays "all": on the H200 (2026-12-01, docs/benchmarks.md) passes="auto" was
+# slower than "all" (training 1.42x Inductor against 1.65x, inference 0.94x against 1.18x,
+# geometric means over the zoo), so the planner is opt-in until it meets its targets.
+DEFAULT_PASSES = "all"
 TUNE_CANDIDATES = ("auto", "all", "vertical", "none")  # what tune=True measures per graph
 # Inductor's own autotuning is left out of the trial compiles (it would multiply their cost
 # by the GEMM search); the chosen plan compiles with it.
@@ -287,13 +290,13 @@ class Session:
         return self._candidate_config(best, untuned)
 
     def _candidate_config(self, plan: str, context: "planner_plan.Context") -> PassConfig:
-        if plan == DEFAULT_PASSES:
+        if plan == AUTO:
             planner = planner_plan.Planner(context)
             rules, notes = planner.configure(dict(self.base_config.rules))
             for note in notes:
                 self.note_once(note)
             return dataclasses.replace(self.base_config, rules=rules, planner=planner)
-        return dataclasses.replace(resolve(plan), spec=f"{DEFAULT_PASSES}:{plan}")
+        return dataclasses.replace(resolve(plan), spec=f"{AUTO}:{plan}")
 
     def _compile(self, gm: fx.GraphModule, example_inputs: list[Any], options: dict[str, Any], user: dict[str, Any], plain: dict[str, Any]) -> Callable[..., Any]:
         if not self.levels():
@@ -413,8 +416,8 @@ def optimus_backend(gm: fx.GraphModule, example_inputs: list[Any], mode: str | N
     """``torch.compile(model, backend="optimus", mode=..., options=...)``.
 
     ``options`` holds Inductor options, plus ``"optimus_passes"`` to choose Optimus's
-    passes (default ``"auto"``: the planner chooses) and ``"optimus_tune"`` (measure the
-    candidate plans per graph). Graphs compiled through the registered backend with the
+    passes (default ``"all"``; ``"auto"``: the planner chooses) and ``"optimus_tune"``
+    (with ``"auto"``: measure the candidate plans per graph). Graphs compiled through the registered backend with the
     same passes share one session; its report (``optimus.last_report()``) accumulates
     every graph compiled this way.
     """
@@ -440,10 +443,11 @@ def last_report() -> Report | None:
 def compile(model: Any, passes: Any = DEFAULT_PASSES, tune: bool = False, **torch_compile_kwargs: Any) -> Any:
     """``torch.compile(model, **kwargs)`` with Optimus's passes; returns the compiled model.
 
-    ``passes="auto"`` (the default) lets the planner choose per graph which rewrites pay
-    off on this device (docs/planner.md); ``tune=True`` also measures the candidate plans
-    on the first inputs and caches the choice on disk (``mode="max-autotune"`` implies
-    it). A preset (``"all"``, ``"vertical"``, ...) or a rule list runs exactly that.
+    ``passes="all"`` (the default), a preset (``"vertical"``, ...) or a rule list runs
+    exactly that; ``passes="auto"`` lets the planner choose per graph which rewrites pay
+    off on this device (docs/planner.md), and with it ``tune=True`` also measures the
+    candidate plans on the first inputs and caches the choice on disk
+    (``mode="max-autotune"`` implies it).
 
     Every ``torch.compile`` keyword works: ``mode`` (``"reduce-overhead"`` turns on CUDA
     graphs, ``"max-autotune"``...), ``options`` (Inductor options), ``dynamic``,

@@ -129,10 +129,11 @@ def test_the_context_reads_cuda_graphs_training_and_autotune_from_the_compile():
     assert Context.of_compile([x], {}, mode_tunes=True).tune
 
 
-def test_auto_is_the_default_and_the_report_shows_the_planner():
+def test_auto_is_opt_in_and_the_report_shows_the_planner():
+    assert oc.DEFAULT_PASSES == "all"  # until the planner meets its H200 targets (docs/planner.md)
     model = towers(4, 16, 16, consume=False)
     xs = [torch.randn(16, 16) for _ in range(4)]
-    compiled = optimus.compile(model)
+    compiled = optimus.compile(model, passes="auto")
     got = compiled(*xs)
     for g, w in zip(got, model(*xs)):
         torch.testing.assert_close(g, w)
