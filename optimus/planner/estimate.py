@@ -43,6 +43,7 @@ from ..core.vocab import VIEW_OPS
 from ..rules.horizontal import stack_is_free
 from . import costmodel
 from .costmodel import DeviceProfile
+from .memory import tensors_of
 
 MATMUL_OPS = frozenset({"linear", "mm", "addmm", "bmm", "baddbmm", "matmul"})
 COPY_OPS = frozenset({"stack", "cat", "clone"})
@@ -73,14 +74,6 @@ class Cost:
         return f"{self.kernels} kernel{'s' if self.kernels != 1 else ''} {self.us:.1f} µs"
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    return []
-
-
 def _value(view: GraphView, node: fx.Node) -> Any:
     val = view.val(node)
     if val is None and node.op == "get_attr":
@@ -99,7 +92,7 @@ def _nbytes(values: Iterable[torch.Tensor]) -> int:
 
 
 def _needs_grad(value: Any) -> bool:
-    return any(getattr(t, "requires_grad", False) for t in _tensors(value))
+    return any(getattr(t, "requires_grad", False) for t in tensors_of(value))
 
 
 def _matmul_shape(view: GraphView, call: Any, out: torch.Tensor) -> tuple[int, int, int, int]:
@@ -120,7 +113,7 @@ def work(view: GraphView, nodes: Iterable[fx.Node]) -> Work:
     total = Work()
     for node in nodes:
         call = view.classify(node)
-        outs = _tensors(_value(view, node))
+        outs = tensors_of(_value(view, node))
         if call is None or call.op not in MATMUL_OPS or not outs:
             continue
         batch, m, n, k = _matmul_shape(view, call, outs[0])
@@ -137,7 +130,7 @@ def node_cost(view: GraphView, node: fx.Node, p: DeviceProfile, launched: bool, 
     call = view.classify(node)
     op = call.op if call is not None else None
     out = _value(view, node)
-    outs = _tensors(out)
+    outs = tensors_of(out)
     if node.op in ("placeholder", "output", "get_attr") or not outs:
         return cost
     grad = training and _needs_grad(out)
@@ -146,7 +139,7 @@ def node_cost(view: GraphView, node: fx.Node, p: DeviceProfile, launched: bool, 
         if grad and op in MULTI_PART_VIEWS:
             cost.add(costmodel.copy_us(p, out_bytes, launched))  # its backward stacks the parts
         return cost
-    in_bytes = _nbytes(t for i in node.all_input_nodes for t in _tensors(_value(view, i)))
+    in_bytes = _nbytes(t for i in node.all_input_nodes for t in tensors_of(_value(view, i)))
     dtype = costmodel.dtype_class(outs[0].dtype)
     if op in COPY_OPS:
         parts = call.get("tensors") if call is not None else None

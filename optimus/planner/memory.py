@@ -30,11 +30,12 @@ def _val(node: Any) -> Any:
     return node.meta.get("val", node.meta.get("example_value"))
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
+def tensors_of(value: Any) -> list[torch.Tensor]:
+    """The tensors in a node's value (a tensor, or nested lists/tuples of them)."""
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
+        return [t for v in value for t in tensors_of(v)]
     return []
 
 
@@ -81,7 +82,7 @@ class Liveness:
         self.storage_of: dict[fx.Node, list[Any]] = {}
         for i, node in enumerate(self.nodes):
             keys = []
-            for t in _tensors(_val(node)):
+            for t in tensors_of(_val(node)):
                 k = _storage_key(t)
                 keys.append(k)
                 if k not in start:
@@ -91,7 +92,7 @@ class Liveness:
             self.storage_of[node] = keys
         if saved_for_backward:
             for i, node in enumerate(self.nodes):
-                if node.op != "placeholder" and any(getattr(t, "requires_grad", False) for t in _tensors(_val(node))):
+                if node.op != "placeholder" and any(getattr(t, "requires_grad", False) for t in tensors_of(_val(node))):
                     for k in self.storage_of[node]:
                         end[k] = n - 1
         for i, node in enumerate(self.nodes):
