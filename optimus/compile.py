@@ -394,7 +394,10 @@ def make_backend(passes: Any = DEFAULT_PASSES, mode: str | None = None, options:
     ``torch.compile(..., backend=this_backend, mode=...)`` passes them. ``tune``: with
     ``passes="auto"``, measure the candidate plans per graph (``mode="max-autotune"``
     implies it)."""
-    session = Session(resolve(passes), tune=tune)
+    config = resolve(passes)
+    if tune and not config.planned:
+        raise ValueError(f"tune=True measures the planner's candidate plans: use it with passes='auto' (got passes={config.spec!r})")
+    session = Session(config, tune=tune)
     base = compat.mode_options(mode, options, dynamic)
 
     def optimus_backend(gm: fx.GraphModule, example_inputs: list[Any], mode: str | None = None, options: dict[str, Any] | None = None) -> Callable[..., Any]:
@@ -423,6 +426,8 @@ def optimus_backend(gm: fx.GraphModule, example_inputs: list[Any], mode: str | N
     """
     passes, tune, options = _split_options(options)
     config = resolve(passes if passes is not None else DEFAULT_PASSES)
+    if tune and not config.planned:
+        raise ValueError(f"options[{TUNE_OPTION!r}] measures the planner's candidate plans: use it with {PASSES_OPTION}='auto'")
     key = config.fingerprint() + config.spec + f":tune={tune}"
     session = _SESSIONS.get(key)
     if session is None:

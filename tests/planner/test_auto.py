@@ -151,7 +151,7 @@ def _tiny():
 def test_tune_measures_once_then_the_decision_cache_answers(tmp_path, monkeypatch):
     monkeypatch.setenv("OPTIMUS_CACHE_DIR", str(tmp_path))
     model, xs = _tiny()
-    first = optimus.compile(model, tune=True)
+    first = optimus.compile(model, passes="auto", tune=True)
     with torch.no_grad():  # inference graphs: one compile per candidate keeps the test short
         torch.testing.assert_close(first(*xs), model(*xs))
     notes = " | ".join(first.optimus_report.notes)
@@ -161,7 +161,7 @@ def test_tune_measures_once_then_the_decision_cache_answers(tmp_path, monkeypatc
     assert entry["plan"] in oc.TUNE_CANDIDATES and set(entry["measured_ms"]) == set(oc.TUNE_CANDIDATES)
 
     torch._dynamo.reset()
-    second = optimus.compile(model, tune=True)
+    second = optimus.compile(model, passes="auto", tune=True)
     with torch.no_grad():
         torch.testing.assert_close(second(*xs), model(*xs))
     notes = " | ".join(second.optimus_report.notes)
@@ -173,7 +173,7 @@ def test_a_corrupt_decision_cache_is_ignored_with_a_warning(tmp_path, monkeypatc
     (tmp_path / "decisions.json").write_text("{not json")
     model, xs = _tiny()
     with caplog.at_level(logging.WARNING, logger="optimus"):
-        compiled = optimus.compile(model, tune=True)
+        compiled = optimus.compile(model, passes="auto", tune=True)
         with torch.no_grad():
             torch.testing.assert_close(compiled(*xs), model(*xs))
     assert any("ignoring the planner's decision cache" in r.getMessage() for r in caplog.records)
@@ -189,7 +189,7 @@ def test_tune_declines_a_graph_that_writes_its_inputs(tmp_path, monkeypatch):
         return F.relu(x) + F.relu(y)
 
     x, y = torch.randn(4), torch.randn(4)
-    compiled = optimus.compile(f, tune=True)
+    compiled = optimus.compile(f, passes="auto", tune=True)
     got = compiled(x.clone(), y)
     torch.testing.assert_close(got, f(x.clone(), y))
     assert any("not tuned" in n and "in place" in n for n in compiled.optimus_report.notes), compiled.optimus_report.notes
@@ -273,3 +273,8 @@ def test_cuda_graphs_leave_out_the_rules_that_emit_our_custom_ops():
     assert "batch_linear" in names  # the other rules stay
     assert any("CUDA graphs:" in n and "grouped_linear" in n for n in session.report.notes)
     assert session._without_capture_unsafe_rules(session.base_config, {}) is session.base_config
+
+
+def test_tune_needs_the_planner():
+    with pytest.raises(ValueError, match="tune=True measures the planner's candidate plans"):
+        optimus.compile(torch.nn.Linear(2, 2), passes="all", tune=True)
