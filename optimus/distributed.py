@@ -29,6 +29,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import pickle
 import sys
 import time
 import traceback
@@ -416,7 +417,8 @@ def launch(
             if ctx.join(timeout=min(left, 1.0), grace_period=5.0):
                 break
     except mp.ProcessRaisedException as e:
-        raise LaunchError(f"rank {e.error_index} failed; the other ranks were terminated:{e}") from None
+        index, message = _root_cause(ctx, e.error_index, str(e))
+        raise LaunchError(f"rank {index} failed; the other ranks were terminated:{message}") from None
     except mp.ProcessExitedException as e:
         raise LaunchError(f"rank {e.error_index} died ({e}); the other ranks were terminated.\n" + _log_tails(workdir, nproc)) from None
     finally:
@@ -426,6 +428,36 @@ def launch(
         with open(os.path.join(workdir, f"rank{rank}.json")) as f:
             results.append(json.load(f))
     return results
+
+
+# What a rank says when it was not the first to fail but lost a peer that did.
+_PEER_FAILURE = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing",
+                 "communicator was aborted", "Broken pipe")
+
+
+def _root_cause(ctx: Any, index: int, message: str) -> tuple[int, str]:
+    """The rank whose failure started it: ``join`` reports the lowest-numbered failed rank,
+    which may be one whose collective failed because another rank had already raised.
+    Prefer a rank whose error is not such a peer failure (read from the ranks' error
+    files, waiting up to 2 s for them)."""
+    if not any(marker in message for marker in _PEER_FAILURE):
+        return index, message
+    files = getattr(ctx, "error_files", None) or []
+    deadline = time.monotonic() + 2.0
+    while True:
+        for rank, path in enumerate(files):
+            if rank == index:
+                continue
+            try:
+                with open(path, "rb") as f:
+                    text = str(pickle.load(f))
+            except Exception:  # not written (yet), or not a whole pickle
+                continue
+            if text and not any(marker in text for marker in _PEER_FAILURE):
+                return rank, f"\n\n-- Process {rank} terminated with the following error:\n{text}"
+        if time.monotonic() > deadline:
+            return index, message
+        time.sleep(0.1)
 
 
 def _dump_stacks(processes: list[Any]) -> None:

@@ -137,3 +137,18 @@ def test_a_model_wrapped_twice_is_refused(tmp_path) -> None:
     assert "wrapped twice" in out["ddp(ddp)"] and "DistributedDataParallel at module inside DistributedDataParallel" in out["ddp(ddp)"]
     assert "wrapped twice" in out["fully_shard(ddp)"]
     assert out["nested fully_shard"] is None
+
+
+def test_the_rank_that_raised_first_is_named_not_the_peer_that_lost_it(tmp_path) -> None:
+    import pickle
+    import types
+
+    files = [str(tmp_path / f"err{i}") for i in range(3)]
+    for path, text in zip(files, ["RuntimeError: [gloo] Connection closed by peer", "", "ValueError: rank two is broken"]):
+        if text:
+            with open(path, "wb") as f:
+                pickle.dump(text, f)
+    ctx = types.SimpleNamespace(error_files=files)
+    index, message = odist._root_cause(ctx, 0, "RuntimeError: [gloo] Connection closed by peer")
+    assert index == 2 and "rank two is broken" in message
+    assert odist._root_cause(ctx, 1, "KeyError: real") == (1, "KeyError: real")  # not a peer failure: as reported
