@@ -13,9 +13,11 @@ compile. The planner decides three things, each reported:
    by one). A group that is not faster by the estimate is declined, with the estimate
    in its reason.
 3. **How big a group may be** (``chunk``): the graph's liveness (``memory.Liveness``,
-   outputs and lifetimes included) with the group applied; a group that would raise the
-   graph's peak by more than ``memory_increase`` (2%) is cut into the largest chunks that
-   fit, or declined when not even ``min_group`` members fit.
+   outputs and lifetimes included; in a Torch-IR training graph, activations that need a
+   gradient stay live for the backward) with the group applied; a group that would raise
+   the graph's peak by more than ``memory_increase`` (2%, or ``MEMORY_SLACK`` on tiny
+   graphs) is cut into the largest balanced chunks that fit, or declined when not even
+   ``min_group`` members fit.
 
 With ``tune=True`` (or ``mode="max-autotune"``) the compile also measures alternatives;
 that lives in ``optimus.compile`` (``Session._tuned``), built on ``tune`` and
