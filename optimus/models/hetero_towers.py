@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from . import _common as c
+from .towers import Tower  # the same Linear -> LayerNorm -> ReLU tower, widths per tower here
 
 
 @dataclass(frozen=True)
@@ -44,16 +45,6 @@ CONFIGS = {
     "small": HeteroTowersConfig(batch=16, d_in=_widths(24, 4, 1, 1), d_out=_widths(24, 5, 1, 7)),
     "realistic": HeteroTowersConfig(batch=512, d_in=_widths(24, 16, 8, 1), d_out=_widths(24, 24, 8, 7)),
 }
-
-
-class Tower(nn.Module):
-    def __init__(self, d_in: int, d_out: int) -> None:
-        super().__init__()
-        self.linear = nn.Linear(d_in, d_out)
-        self.norm = nn.LayerNorm(d_out)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(self.norm(self.linear(x)))
 
 
 class HeteroTowers(nn.Module):
