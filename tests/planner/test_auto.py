@@ -172,10 +172,15 @@ def test_a_corrupt_decision_cache_is_ignored_with_a_warning(tmp_path, monkeypatc
     monkeypatch.setenv("OPTIMUS_CACHE_DIR", str(tmp_path))
     (tmp_path / "decisions.json").write_text("{not json")
     model, xs = _tiny()
-    with caplog.at_level(logging.WARNING, logger="optimus"):
-        compiled = optimus.compile(model, passes="auto", tune=True)
-        with torch.no_grad():
-            torch.testing.assert_close(compiled(*xs), model(*xs))
+    # torch._logging turns propagation off on "optimus" once a test set logs: listen on it directly
+    logging.getLogger("optimus").addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.WARNING, logger="optimus"):
+            compiled = optimus.compile(model, passes="auto", tune=True)
+            with torch.no_grad():
+                torch.testing.assert_close(compiled(*xs), model(*xs))
+    finally:
+        logging.getLogger("optimus").removeHandler(caplog.handler)
     assert any("ignoring the planner's decision cache" in r.getMessage() for r in caplog.records)
     assert any("measured" in n for n in compiled.optimus_report.notes)
     assert isinstance(json.loads((tmp_path / "decisions.json").read_text()), dict)  # rewritten whole
