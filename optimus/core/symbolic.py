@@ -31,20 +31,85 @@ class GuardRefused(Exception):
 
 
 def known_true(value: Any) -> bool:
-    """``value`` is a bool, or a ``SymBool`` provably true for every shape."""
+    """``value`` is a bool, or a ``SymBool`` provably true for every shape (the shape
+    environment's static evaluation, then the same after exact floor divisions are
+    folded: see ``fold_exact_floordiv``)."""
     if isinstance(value, bool):
         return value
     if isinstance(value, torch.SymBool):
         from torch.fx.experimental.symbolic_shapes import statically_known_true
 
         try:
-            return bool(statically_known_true(value))
+            if statically_known_true(value):
+                return True
         except Exception:
             return False
+        return _known_true_after_folding(value)
     try:
         return bool(value)
     except Exception:
         return False
+
+
+def _known_true_after_folding(value: torch.SymBool) -> bool:
+    import sympy
+
+    node = value.node
+    env = getattr(node, "shape_env", None)
+    expr = getattr(node, "expr", None)
+    if env is None or expr is None:
+        return False
+    try:
+        folded = fold_exact_floordiv(env, env.simplify(expr))
+        if folded == expr:
+            return False
+        return env._maybe_evaluate_static(folded) is sympy.true
+    except Exception:
+        return False
+
+
+def fold_exact_floordiv(shape_env: Any, expr: Any) -> Any:
+    """``expr`` with every ``FloorDiv(q*d + r, d)`` replaced by ``q`` where that is exact
+    for every size: ``d >= 1``, ``q`` a sum of the numerator's terms that ``d`` divides
+    as polynomials (integer-valued for integer sizes), and ``0 <= r < d`` provable from
+    the shape environment (value ranges, axioms). Then ``floor((q*d + r)/d) = q +
+    floor(r/d) = q``. A ceil division of an exact multiple is such a floor division:
+    ``ceil(s0*s1 / s1) = (s0*s1 + s1 - 1)//s1 = s0`` for ``s1 >= 1`` (``r = s1 - 1``).
+
+    Pure sympy and static evaluation: it records nothing in the shape environment (no
+    guard, no axiom). A division it cannot prove exact is left as it is."""
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv
+
+    def provable(rel: Any) -> bool:
+        return env_static(rel) is sympy.true
+
+    def env_static(rel: Any) -> Any:
+        try:
+            return shape_env._maybe_evaluate_static(rel)
+        except Exception:
+            return None
+
+    def fold(div: Any) -> Any:
+        base, divisor = div.args
+        if not provable(sympy.Ge(divisor, 1)):
+            return div
+        quotient, rest = sympy.Integer(0), sympy.Integer(0)
+        for term in sympy.Add.make_args(sympy.expand(base)):
+            q = sympy.cancel(term / divisor)
+            if q.is_polynomial() and sympy.fraction(q)[1] == 1 and q.is_integer:
+                quotient += q
+            else:
+                rest += term
+        if quotient == 0:
+            return div
+        for borrow in (0, 1, -1, 2, -2):  # q*d + r = (q - k)*d + (r + k*d): find the k with 0 <= r + k*d < d
+            r = rest + borrow * divisor
+            if provable(sympy.Ge(r, 0)) and provable(sympy.Lt(r, divisor)):
+                return quotient - borrow
+        return div
+
+    return expr.replace(lambda e: isinstance(e, FloorDiv), fold)
 
 
 def _rel(a: Any, b: Any, op: Any) -> bool:
@@ -191,6 +256,23 @@ def size_bound(value: Any) -> int:
     return hint
 
 
+def _forget_stale_static_results(shape_env: Any) -> None:
+    """Drop the shape environment's memo of static evaluations.
+
+    ``ShapeEnv._maybe_evaluate_static`` is memoized until the environment's version
+    changes, but recording a guard adds its implications to ``axioms`` without a new
+    version (torch 2.11 to 2.15). An expression Dynamo evaluated before it guarded on
+    it stays "unknown" in the memo although the guard now proves it: DLRM's
+    ``Eq((s37*s38 + s38 - 1)//s38, s37)`` (the embedding bags' rows against the dense
+    batch), which Dynamo guarded while tracing the model's own cat, was refused as a
+    new guard when a rewrite re-emitted that cat. Clearing the memo only forgets
+    results; nothing is added to the environment."""
+    memo = getattr(type(shape_env), "_maybe_evaluate_static", None)
+    clear = getattr(memo, "cache_clear", None)
+    if clear is not None:
+        clear()
+
+
 @contextlib.contextmanager
 def refusing_new_guards(shape_env: Any) -> Iterator[None]:
     """While active, any attempt to add a guard (or a runtime assert) to ``shape_env``
@@ -205,6 +287,7 @@ def refusing_new_guards(shape_env: Any) -> Iterator[None]:
     def refuse(expr: Any, concrete_val: Any) -> None:
         raise GuardRefused(f"needs a guard on symbolic sizes ({expr} == {concrete_val}), which would specialize them")
 
+    _forget_stale_static_results(shape_env)
     shadowed = "_check_frozen" in vars(shape_env)
     previous = vars(shape_env).get("_check_frozen")
     shape_env._check_frozen = refuse

@@ -241,12 +241,20 @@ class SchedulerView:
         return hints.pop() if len(hints) == 1 else "DEFAULT"
 
     def work(self, node: Any) -> int | None:
-        """Iteration points (numel x rnumel) as an int, if the sizes are static."""
+        """Iteration points (numel x rnumel) as an int: exact for static sizes, the example
+        hint for symbolic ones (for cost caps)."""
         total = self.numel(node) * self.rnumel(node)
         try:
             return int(total)
         except (TypeError, ValueError):
-            hint = compat.call_safely(lambda: compat.V.graph.sizevars.size_hint(total), None)
+            # a symbolic size: its example hint (a cost estimate only). torch 2.13 has no
+            # ``size_hint`` (every symbolic kernel declined the cap); ``optimization_hint``
+            # is in 2.11 to 2.15.
+            def hint_of(expr: Any) -> Any:
+                sizevars = compat.V.graph.sizevars
+                return (getattr(sizevars, "optimization_hint", None) or sizevars.size_hint)(expr)
+
+            hint = compat.call_safely(lambda: hint_of(total), None)
             return int(hint) if hint is not None else None
 
     def members(self, node: Any) -> int:
