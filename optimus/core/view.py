@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 import torch.fx as fx
@@ -320,6 +320,12 @@ class GraphView:
             stack.enter_context(mode)
             if getattr(mode, "shape_env", None) is not None:
                 stack.enter_context(mode.shape_env.suppress_guards())
+                # The fake-tensor cache re-creates a view's output with ``set_`` to
+                # validate a new entry, and ``set_`` asks ``guard_or_true`` about the
+                # storage bounds: a guard the op itself never needs (slicing x[:, 0:3]
+                # of an (s0, s1) tensor asked ``Ne(s1, 3)``), refused as a
+                # specialization. Without the cache the op's meta runs directly.
+                stack.enter_context(_fake_cache_disabled(mode))
         stack.enter_context(torch.no_grad())
         return stack
 
@@ -456,3 +462,17 @@ def num_outputs(view: "GraphView", node: fx.Node) -> int | None:
     if call is not None and call.op == "split" and isinstance(call.args["sizes"], list):
         return len(call.args["sizes"])
     return None
+
+
+@contextlib.contextmanager
+def _fake_cache_disabled(mode: Any) -> Iterator[None]:
+    """``mode``'s fake-tensor dispatch cache off while active (see ``_run_context``)."""
+    if not hasattr(mode, "cache_enabled"):
+        yield
+        return
+    previous = mode.cache_enabled
+    mode.cache_enabled = False
+    try:
+        yield
+    finally:
+        mode.cache_enabled = previous

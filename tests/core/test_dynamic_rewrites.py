@@ -186,3 +186,37 @@ def test_independent_kernels_fuse_under_dynamic_shapes():
     caps = [r for g in report.graphs if g.level == "inductor_ir" and "fuse_independent_kernels" in g.rules for r in g.rules["fuse_independent_kernels"].declined if "max_work" in r]
     assert fused >= 2  # forward and backward: one loop nest each
     assert not caps
+
+
+# ------------------------------------------------- fake-tensor cache guards
+def test_cat_of_leading_columns_is_a_view_under_dynamic_shapes():
+    """cat([x[:, 0], x[:, 1], x[:, 2]]) of an ``(s0, s1)`` x is x[:, 0:3] flattened
+    (unbind_cat_to_view). Emitting that slice asked ``Ne(s1, 3)``: not the slice's own
+    meta, but the fake-tensor cache validating its new entry, refused as a guard. With
+    the cache off while a rewrite computes metadata, it rewrites (as InterFormer's
+    sparse-id columns do) with eager's outputs and gradients at two sizes, no recompile."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x[:, 0], x[:, 1], x[:, 2]], 0) * 2
+
+    torch._dynamo.reset()
+    reports: list = []
+    compiled = torch.compile(f, backend=_level_backend("torch_ir", reports), dynamic=True, fullgraph=True)
+    frames = None
+    for shape in ((4, 5), (7, 6)):
+        x = torch.randn(*shape, requires_grad=True)
+        ref = x.detach().clone().requires_grad_()
+        out, expected = compiled(x), f(ref)
+        out.pow(2).sum().backward()
+        expected.pow(2).sum().backward()
+        assert_close_tree((out, x.grad), (expected, ref.grad))
+        frames = torch._dynamo.utils.counters["frames"]["ok"] if frames is None else frames
+    assert torch._dynamo.utils.counters["frames"]["ok"] == frames, "compiled again for another size"
+    assert matched(reports, "unbind_cat_to_view") == 1
+    assert not [e for r in reports for e in r.errors()]
+
+
+def test_interformer_sparse_columns_rewrite_under_dynamic():
+    """InterFormer at Torch-IR: every rewrite of the static compile, under dynamic=True."""
+    reports = dynamic_parity("interformer", "torch_ir", training=False)
+    assert matched(reports, "unbind_cat_to_view") == static_matched("interformer", "torch_ir", False, "unbind_cat_to_view") >= 1
