@@ -17,7 +17,7 @@ import torch.fx as fx
 from ..core.group import Group, group_rule
 from ..core.pattern import Lit, Op, Var
 from ..core.rule import rule
-from ..core.symbolic import known_eq, sym_key
+from ..core.symbolic import is_symbolic, known_eq, sym_key
 from ..core.view import GraphView, is_int
 from ..core.vocab import POINTWISE, Call, ParamRef
 from ._facts import emittable_shape, part_of, segment_of
@@ -198,6 +198,12 @@ def batch_layer_norm(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     xs = [c.input for c in g.members]
     ws = [c.args["weight"] for c in g.members]
     bs = [c.args["bias"] for c in g.members]
+    if _saves_symbolic_statistics(g):
+        g.decline(
+            "training with symbolic sizes: the stacked LayerNorm's saved mean/rstd may get another layout "
+            "from Inductor, and AOTAutograd restrides the backward's copy with the example sizes (a guard "
+            "that specializes the batch)"
+        )
     lists = [xs] + ([ws] if ws[0] is not None else []) + ([bs] if bs[0] is not None else [])
     _profitable(g, lists)
     rank = g.view.rank(xs[0])
@@ -209,6 +215,28 @@ def batch_layer_norm(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     if bs[0] is not None:
         y = b.add(y, _affine_stack(g, b, bs, rank, norm_rank))
     return _unbind_results(g, b, y)
+
+
+def _saves_symbolic_statistics(g: Group) -> bool:
+    """A gradient flows through the LayerNorms and their inputs have a symbolic size.
+
+    Then the stacked LayerNorm saves mean/rstd of shape (G, *batch, 1) for the backward.
+    Measured on DHEN (torch 2.13, ``mark_dynamic`` on the batch): Inductor laid the
+    saved rstd of (5, s0, 8, 1) out as (8*s0, 1, s0, s0); AOTAutograd then re-strides
+    the backward graph's placeholder with the forward's strides as ints of the example
+    batch (``_aot_stage2b_bw_compile``: "real_stride can't be symbolic"), and the fake
+    ``as_strided`` guards ``s0 > 16``: with the model's own ``s0 >= 16``, the batch
+    is specialized (ConstraintViolationError; a recompile under ``dynamic=True``).
+    That happens after Optimus's levels, where no guard can be refused, so the rule
+    declines before it."""
+    view = g.view
+    for c in g.members:
+        x, out = view.tensor_val(c.input), view.tensor_val(c.node)
+        if x is None or out is None:
+            return True
+        if out.requires_grad and any(is_symbolic(s) for s in x.shape):
+            return True
+    return False
 
 
 def _affine_stack(g: Group, b: Any, params: list[Any], rank: int, norm_rank: int) -> Any:

@@ -220,3 +220,65 @@ def test_interformer_sparse_columns_rewrite_under_dynamic():
     """InterFormer at Torch-IR: every rewrite of the static compile, under dynamic=True."""
     reports = dynamic_parity("interformer", "torch_ir", training=False)
     assert matched(reports, "unbind_cat_to_view") == static_matched("interformer", "torch_ir", False, "unbind_cat_to_view") >= 1
+
+
+# --------------------------------------- specialization after the levels (DHEN)
+@pytest.mark.slow
+def test_dhen_training_with_mark_dynamic_batch_is_not_specialized():
+    """Was: ConstraintViolationError. batch_layer_norm stacked DHEN's LayerNorms; the
+    stacked op's saved rstd got another layout from Inductor and AOTAutograd's re-stride
+    of the backward placeholder (example-batch ints) guarded the batch to 16, after
+    Optimus's levels. Now the rule declines in training under symbolic sizes; the compile
+    keeps the batch dynamic, matches eager at two batches and does not recompile."""
+    from optimus.models import get_model
+    from optimus.tools.dynamic_report import second_batch
+
+    torch._dynamo.reset()
+    zoo = get_model("dhen", "small")
+    model = zoo.model.train()
+    first, second = [t.clone() for t in zoo.inputs], list(second_batch(zoo.inputs, zoo.batch_size))
+    expected = [_step(model, first, True), _step(model, second, True)]
+    for t in first:
+        torch._dynamo.mark_dynamic(t, 0)
+    compiled = optimus.compile(model)
+    got = [_step(compiled, first, True)]
+    frames = torch._dynamo.utils.counters["frames"]["ok"]
+    got.append(_step(compiled, second, True))
+    assert torch._dynamo.utils.counters["frames"]["ok"] == frames, "compiled again for another batch size"
+    for g, e in zip(got, expected):
+        assert_close_tree(g, e, rtol=1e-4, atol=1e-4)
+    report = compiled.optimus_report
+    assert not report.errors()
+    live = [g for g in report.graphs if not g.discarded]
+    declines = [r for g in live if "batch_layer_norm" in g.rules for r in g.rules["batch_layer_norm"].declined]
+    assert any("training with symbolic sizes" in r for r in declines), declines
+    assert sum(g.matched for g in live) > 50  # the other rewrites stay
+
+
+def test_batch_layer_norm_still_groups_under_dynamic_inference():
+    """The decline above is for training only: inference LayerNorms of a symbolic batch
+    still become one stacked LayerNorm (no statistics are saved)."""
+    from torch import nn
+
+    class Norms(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norms = nn.ModuleList(nn.LayerNorm(16) for _ in range(4))
+
+        def forward(self, stacked: torch.Tensor) -> torch.Tensor:
+            return sum(n(x) for n, x in zip(self.norms, stacked.unbind(0)))  # parts of one tensor: stacking is free
+
+    model = Norms().eval()
+    torch._dynamo.reset()
+    reports: list = []
+    compiled = torch.compile(model, backend=_level_backend("torch_ir", reports), fullgraph=True)
+    frames = None
+    for batch in (5, 8):
+        x = torch.randn(4, batch, 3, 16)
+        if frames is None:
+            torch._dynamo.mark_dynamic(x, 1)
+        with torch.no_grad():
+            assert_close_tree(compiled(x), model(x))
+        frames = torch._dynamo.utils.counters["frames"]["ok"] if frames is None else frames
+    assert torch._dynamo.utils.counters["frames"]["ok"] == frames
+    assert matched(reports, "batch_layer_norm") == 1
