@@ -17,7 +17,7 @@ import torch.fx as fx
 from ..core.group import Group, group_rule
 from ..core.pattern import Lit, Op, Var
 from ..core.rule import rule
-from ..core.symbolic import is_symbolic, known_eq, sym_key
+from ..core.symbolic import is_symbolic, known_eq, known_sizes_eq, sym_key
 from ..core.view import GraphView, is_int
 from ..core.vocab import POINTWISE, Call, ParamRef
 from ._facts import emittable_shape, part_of, segment_of
@@ -200,9 +200,9 @@ def batch_layer_norm(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     bs = [c.args["bias"] for c in g.members]
     if _saves_symbolic_statistics(g):
         g.decline(
-            "training with symbolic sizes: the stacked LayerNorm's saved mean/rstd may get another layout "
-            "from Inductor, and AOTAutograd restrides the backward's copy with the example sizes (a guard "
-            "that specializes the batch)"
+            "training with symbolic sizes and inputs of mixed layouts: the stacked LayerNorm's saved "
+            "mean/rstd may get another layout from Inductor, and AOTAutograd restrides the backward's copy "
+            "with the example sizes (a guard that specializes the batch)"
         )
     lists = [xs] + ([ws] if ws[0] is not None else []) + ([bs] if bs[0] is not None else [])
     _profitable(g, lists)
@@ -218,25 +218,28 @@ def batch_layer_norm(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
 
 
 def _saves_symbolic_statistics(g: Group) -> bool:
-    """A gradient flows through the LayerNorms and their inputs have a symbolic size.
+    """A gradient flows through the LayerNorms, their inputs have a symbolic size, and
+    the inputs' strides are not provably the same (mixed layouts).
 
-    Then the stacked LayerNorm saves mean/rstd of shape (G, *batch, 1) for the backward.
-    Measured on DHEN (torch 2.13, ``mark_dynamic`` on the batch): Inductor laid the
-    saved rstd of (5, s0, 8, 1) out as (8*s0, 1, s0, s0); AOTAutograd then re-strides
-    the backward graph's placeholder with the forward's strides as ints of the example
-    batch (``_aot_stage2b_bw_compile``: "real_stride can't be symbolic"), and the fake
-    ``as_strided`` guards ``s0 > 16``: with the model's own ``s0 >= 16``, the batch
-    is specialized (ConstraintViolationError; a recompile under ``dynamic=True``).
-    That happens after Optimus's levels, where no guard can be refused, so the rule
-    declines before it."""
+    Then the stacked LayerNorm saves mean/rstd of shape (G, *batch, 1) for the backward,
+    and their layout is Inductor's choice. Measured on DHEN (torch 2.13, ``mark_dynamic``
+    on the batch; one of each layer's five LayerNorm inputs is a transpose): Inductor
+    laid the saved rstd of (5, s0, 8, 1) out as (8*s0, 1, s0, s0); AOTAutograd then
+    re-strides the backward graph's placeholder with the forward's strides as ints of
+    the example batch (``_aot_stage2b_bw_compile``: "real_stride can't be symbolic"),
+    and the fake ``as_strided`` guards ``s0 > 16``: with the model's own ``s0 >= 16``,
+    the batch is specialized (ConstraintViolationError; a recompile under
+    ``dynamic=True``). That happens after Optimus's levels, where no guard can be
+    refused, so the rule declines before it. Members of one layout (splitcat's split
+    chunks, towers32's) were measured without a guard: they keep the rewrite."""
     view = g.view
-    for c in g.members:
-        x, out = view.tensor_val(c.input), view.tensor_val(c.node)
-        if x is None or out is None:
-            return True
-        if out.requires_grad and any(is_symbolic(s) for s in x.shape):
-            return True
-    return False
+    vals = [(view.tensor_val(c.input), view.tensor_val(c.node)) for c in g.members]
+    if any(x is None or out is None for x, out in vals):
+        return True
+    if not any(out.requires_grad and any(is_symbolic(s) for s in x.shape) for x, out in vals):
+        return False
+    first = vals[0][0].stride()
+    return not all(known_sizes_eq(x.stride(), first) for x, _ in vals[1:])
 
 
 def _affine_stack(g: Group, b: Any, params: list[Any], rank: int, norm_rank: int) -> Any:
