@@ -445,14 +445,16 @@ def last_report() -> Report | None:
     return _LAST[0] if _LAST else None
 
 
-def compile(model: Any, passes: Any = DEFAULT_PASSES, tune: bool = False, **torch_compile_kwargs: Any) -> Any:
+def compile(model: Any, passes: Any = DEFAULT_PASSES, tune: bool = False, pack_parameters: bool = False, **torch_compile_kwargs: Any) -> Any:
     """``torch.compile(model, **kwargs)`` with Optimus's passes; returns the compiled model.
 
     ``passes="all"`` (the default), a preset (``"vertical"``, ...) or a rule list runs
     exactly that; ``passes="auto"`` lets the planner choose per graph which rewrites pay
     off on this device (docs/planner.md), and with it ``tune=True`` also measures the
     candidate plans on the first inputs and caches the choice on disk
-    (``mode="max-autotune"`` implies it).
+    (``mode="max-autotune"`` implies it). ``pack_parameters=True`` first packs the
+    model's groups of sibling parameters into one buffer each, in place
+    (``optimus.pack_parameters``, docs/packing.md); the report's notes say what it did.
 
     Every ``torch.compile`` keyword works: ``mode`` (``"reduce-overhead"`` turns on CUDA
     graphs, ``"max-autotune"``...), ``options`` (Inductor options), ``dynamic``,
@@ -468,9 +470,15 @@ def compile(model: Any, passes: Any = DEFAULT_PASSES, tune: bool = False, **torc
         raise TypeError(f"optimus.compile takes the passes as passes=, not options[{PASSES_OPTION!r}]")
     if not isinstance(tune, bool):
         raise TypeError(f"tune must be a bool, got {type(tune).__name__}")
+    if not isinstance(pack_parameters, bool):
+        raise TypeError(f"pack_parameters must be a bool, got {type(pack_parameters).__name__}")
     backend = make_backend(passes, mode=mode, options=options, dynamic=torch_compile_kwargs.get("dynamic"), tune=tune)
     report = backend.session.report  # type: ignore[attr-defined]
     _remember(report)
+    if pack_parameters:
+        from .packing import pack_for_compile
+
+        report.notes.extend(pack_for_compile(model))
     compiled = torch.compile(model, backend=backend, **torch_compile_kwargs)
     try:
         compiled.optimus_report = report

@@ -1,0 +1,328 @@
+"""Packed parameters (``optimus.pack_parameters``): the model behaves exactly as before.
+
+Names, order and Parameter objects; state_dict and checkpoints (save / load into packed
+and unpacked models); optimizer steps (SGD with momentum, Adam foreach / fused, AdamW)
+bit for bit against an unpacked copy; zero_grad; deepcopy; the declines (shared, used
+elsewhere, frozen mixed with trainable, dtypes, devices, non-contiguous, already packed);
+and ``optimus.compile`` of a packed model.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.multiprocessing.reductions import StorageWeakRef
+
+import optimus
+from optimus.packing import find_groups, packed_slot
+
+
+class Tower(nn.Module):
+    def __init__(self, d_in: int, d_out: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(d_in, d_out)
+        self.norm = nn.LayerNorm(d_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.norm(self.linear(x)))
+
+
+class Towers(nn.Module):
+    """T identical towers on the T features of the input, then a head."""
+
+    def __init__(self, towers: int = 5, d_in: int = 6, d_out: int = 3) -> None:
+        super().__init__()
+        self.towers = nn.ModuleList(Tower(d_in, d_out) for _ in range(towers))
+        self.head = nn.Linear(towers * d_out, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        merged = torch.cat([t(f) for t, f in zip(self.towers, x.unbind(1))], 1)
+        return self.head(merged).squeeze(-1)
+
+
+def make(seed: int = 0, **kw) -> Towers:
+    torch.manual_seed(seed)
+    return Towers(**kw)
+
+
+def inputs(seed: int = 1, batch: int = 4, towers: int = 5, d_in: int = 6) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, towers, d_in, generator=g)
+
+
+def tower_params(model: Towers, name: str) -> list[nn.Parameter]:
+    return [t.get_parameter(name) for t in model.towers]
+
+
+# ------------------------------------------------------------------ packing itself
+def test_packs_each_sibling_group_into_one_buffer_keeping_objects_names_and_values():
+    model = make()
+    before = list(model.named_parameters())
+    values = {n: p.detach().clone() for n, p in before}
+    report = optimus.pack_parameters(model)
+    assert [g.names[0] for g in report.packed] == [f"towers.0.{n}" for n in ("linear.weight", "linear.bias", "norm.weight", "norm.bias")]
+    assert all(len(g.names) == 5 for g in report.packed) and not report.declined
+    after = list(model.named_parameters())
+    assert [n for n, _ in after] == [n for n, _ in before]
+    assert all(p is q for (_, p), (_, q) in zip(after, before))
+    assert all(a is b for a, b in zip(model.parameters(), [p for _, p in before]))
+    for n, p in after:
+        assert torch.equal(p, values[n]) and type(p) is nn.Parameter and p.is_leaf and p.requires_grad
+    for name in ("linear.weight", "linear.bias", "norm.weight", "norm.bias"):
+        ps = tower_params(model, name)
+        slot = packed_slot(ps)
+        assert slot is not None and slot >= ps[0].numel() and (slot * 4) % 16 == 0
+    assert packed_slot([model.head.weight, model.head.bias]) is None  # alone: left as it was
+    assert model.head.weight.storage_offset() == 0
+
+
+def test_packing_twice_reports_already_packed_and_changes_nothing():
+    model = make()
+    optimus.pack_parameters(model)
+    storages = [StorageWeakRef(p.untyped_storage()) for p in model.parameters()]
+    again = optimus.pack_parameters(model)
+    assert not again.newly_packed and len(again.packed) == 4 and all(g.already_packed for g in again.packed)
+    assert [StorageWeakRef(p.untyped_storage()) for p in model.parameters()] == storages
+    assert "already packed" in str(again)
+
+
+def test_groups_found_in_parameter_lists_and_nested_repeats():
+    class Nested(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)) for _ in range(3))
+            self.scales = nn.ParameterList(nn.Parameter(torch.ones(2)) for _ in range(3))
+
+    groups = find_groups(Nested())
+    assert ("blocks.0.0.weight", "blocks.1.0.weight", "blocks.2.0.weight") in groups
+    assert ("blocks.0.2.bias", "blocks.1.2.bias", "blocks.2.2.bias") in groups
+    assert ("scales.0", "scales.1", "scales.2") in groups
+    # the outer repeat claims the parameters: the square linears inside a block are not regrouped
+    assert len({n for g in groups for n in g}) == sum(len(g) for g in groups)
+
+
+def test_explicit_groups_and_unknown_names():
+    model = make()
+    report = optimus.pack_parameters(model, groups=[[f"towers.{i}.linear.weight" for i in (3, 1, 0)]])
+    assert len(report.packed) == 1 and report.packed[0].names == ("towers.3.linear.weight", "towers.1.linear.weight", "towers.0.linear.weight")
+    ws = [model.towers[i].linear.weight for i in (3, 1, 0)]
+    assert packed_slot(ws) is not None
+    with pytest.raises(KeyError, match="no parameter named"):
+        optimus.pack_parameters(model, groups=[["towers.0.nope", "towers.1.nope"]])
+
+
+def test_unpack_gives_each_parameter_its_own_storage_again():
+    model = make()
+    ref = make()
+    optimus.pack_parameters(model)
+    moved = optimus.unpack_parameters(model)
+    assert len(moved) == 20
+    for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        assert torch.equal(p, q) and p.storage_offset() == 0 and p.untyped_storage().nbytes() == p.numel() * 4, n
+    assert optimus.unpack_parameters(model) == []
+
+
+# ------------------------------------------------------------------ declines
+def _declined(report, fragment):
+    return [d for d in report.declined if fragment in d.reason]
+
+
+def test_declines_shared_between_members():
+    model = make()
+    model.towers[2].linear.weight = model.towers[0].linear.weight  # tied
+    report = optimus.pack_parameters(model)
+    (d,) = _declined(report, "one shared parameter")
+    assert d.names[0] == "towers.0.linear.weight"
+    assert model.towers[0].linear.weight.storage_offset() == 0  # untouched
+    assert len(report.packed) == 3  # the other groups still pack
+
+
+def test_declines_parameter_used_elsewhere():
+    model = make()
+    model.extra = model.towers[1].norm.bias  # the same Parameter registered a second time
+    report = optimus.pack_parameters(model)
+    (d,) = _declined(report, "also used elsewhere")
+    assert "towers.1.norm.bias" in d.reason and "extra" in d.reason
+
+
+def test_declines_frozen_mixed_with_trainable_but_packs_all_frozen():
+    model = make()
+    model.towers[3].linear.weight.requires_grad_(False)
+    for t in model.towers:
+        t.norm.weight.requires_grad_(False)
+    report = optimus.pack_parameters(model)
+    (d,) = _declined(report, "frozen and trainable")
+    assert "towers.3.linear.weight" in d.reason
+    assert any(g.names[0] == "towers.0.norm.weight" for g in report.packed)
+    assert all(not p.requires_grad for p in tower_params(model, "norm.weight"))
+
+
+def test_declines_mismatched_dtype_device_shape_and_layout():
+    model = make()
+    model.towers[1].linear.double()
+    model.towers[2].norm.to("meta")
+    report = optimus.pack_parameters(model)
+    assert len(_declined(report, "dtypes differ")) == 2  # weight and bias of towers.1.linear
+    assert len(_declined(report, "devices differ")) == 2
+    assert not report.packed
+
+    odd = make()
+    odd.towers[4].linear.weight = nn.Parameter(torch.randn(6, 3).t())
+    report = optimus.pack_parameters(odd)
+    assert _declined(report, "towers.4.linear.weight is not contiguous")
+
+    view = make()
+    base = torch.randn(100)
+    view.towers[0].norm.bias = nn.Parameter(base[10:13])
+    assert _declined(optimus.pack_parameters(view), "shares its storage")
+
+    class Hetero(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lins = nn.ModuleList([nn.Linear(4, 3), nn.Linear(5, 3)])
+
+    assert _declined(optimus.pack_parameters(Hetero()), "shapes differ")
+
+
+# ------------------------------------------------------------------ state_dict, checkpoints
+def test_state_dict_keys_values_and_checkpoint_round_trips():
+    model, ref = make(), make()
+    optimus.pack_parameters(model)
+    sd, sd_ref = model.state_dict(), ref.state_dict()
+    assert list(sd) == list(sd_ref)
+    assert all(torch.equal(sd[k], sd_ref[k]) for k in sd)
+
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=True)
+    assert all(torch.equal(loaded[k], sd_ref[k]) and loaded[k].shape == sd_ref[k].shape for k in sd_ref)
+
+    # into an unpacked model
+    plain = make(seed=7)
+    plain.load_state_dict(loaded)
+    assert all(torch.equal(p, q) for p, q in zip(plain.parameters(), ref.parameters()))
+
+    # into a packed model with other values: copied in place, the packing stays
+    other = make(seed=7)
+    optimus.pack_parameters(other)
+    storages = [StorageWeakRef(p.untyped_storage()) for p in other.parameters()]
+    ids = [id(p) for p in other.parameters()]
+    other.load_state_dict(loaded)
+    assert [id(p) for p in other.parameters()] == ids
+    assert [StorageWeakRef(p.untyped_storage()) for p in other.parameters()] == storages
+    assert packed_slot(tower_params(other, "linear.weight")) is not None
+    assert all(torch.equal(p, q) for p, q in zip(other.parameters(), ref.parameters()))
+
+
+def test_whole_model_pickle_keeps_the_packing_and_deepcopy_gives_an_unpacked_equal_copy():
+    model = make()
+    optimus.pack_parameters(model)
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert packed_slot(tower_params(loaded, "linear.weight")) is not None
+    assert all(torch.equal(p, q) for p, q in zip(loaded.parameters(), model.parameters()))
+
+    clone = copy.deepcopy(model)
+    assert all(torch.equal(p, q) and p is not q for p, q in zip(clone.parameters(), model.parameters()))
+    assert packed_slot(tower_params(clone, "linear.weight")) is None  # Parameter.__deepcopy__ clones
+    assert packed_slot(tower_params(model, "linear.weight")) is not None
+    assert len(optimus.pack_parameters(clone).newly_packed) == 4
+    x = inputs()
+    assert torch.equal(clone(x), model(x))
+
+
+# ------------------------------------------------------------------ training
+def _fused_adam_supported() -> bool:
+    p = nn.Parameter(torch.ones(2))
+    p.grad = torch.ones(2)
+    try:
+        torch.optim.Adam([p], fused=True).step()
+    except (RuntimeError, ValueError):
+        return False
+    return True
+
+
+OPTIMIZERS = {
+    "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01),
+    "adam_foreach": lambda ps: torch.optim.Adam(ps, lr=0.01, foreach=True),
+    "adam_for_loop": lambda ps: torch.optim.Adam(ps, lr=0.01, foreach=False),
+    "adamw_foreach": lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1, foreach=True),
+    "adam_fused": lambda ps: torch.optim.Adam(ps, lr=0.01, fused=True),
+}
+OPTIMIZER_CASES = [
+    pytest.param(n, marks=pytest.mark.skipif(not _fused_adam_supported(), reason="fused Adam not supported by this build on CPU"))
+    if n == "adam_fused" else n
+    for n in OPTIMIZERS
+]
+
+
+def _train(model: nn.Module, opt: torch.optim.Optimizer, steps: int, set_to_none: bool) -> list[torch.Tensor]:
+    losses = []
+    for step in range(steps):
+        opt.zero_grad(set_to_none=set_to_none)
+        loss = model(inputs(seed=step)).square().mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return losses
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+@pytest.mark.parametrize("name", OPTIMIZER_CASES)
+def test_training_steps_equal_an_unpacked_copy_bit_for_bit(name, set_to_none):
+    make_opt = OPTIMIZERS[name]
+    model, ref = make(), make()
+    opt_ref = make_opt(list(ref.parameters()))
+    opt = make_opt(list(model.parameters()))  # built before packing: it holds the same objects
+    optimus.pack_parameters(model)
+    losses, losses_ref = _train(model, opt, 4, set_to_none), _train(ref, opt_ref, 4, set_to_none)
+    assert all(torch.equal(a, b) for a, b in zip(losses, losses_ref))
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert torch.equal(p, q), n
+        assert torch.equal(p.grad, q.grad), n
+    assert packed_slot(tower_params(model, "linear.weight")) is not None  # steps wrote in place
+    opt.zero_grad(set_to_none=set_to_none)
+    for p in model.parameters():
+        assert (p.grad is None) if set_to_none else torch.equal(p.grad, torch.zeros_like(p))
+
+
+def test_gradients_reach_every_member_with_a_frozen_group():
+    model, ref = make(), make()
+    for m in (model, ref):
+        for t in m.towers:
+            t.norm.requires_grad_(False)
+    optimus.pack_parameters(model)
+    model(inputs()).sum().backward()
+    ref(inputs()).sum().backward()
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert (p.grad is None) == (q.grad is None) and (p.grad is None or torch.equal(p.grad, q.grad)), n
+
+
+# ------------------------------------------------------------------ optimus.compile
+def test_compile_with_pack_parameters_records_it_and_matches_eager():
+    model, ref = make(), make()
+    compiled = optimus.compile(model, pack_parameters=True)
+    notes = compiled.optimus_report.notes
+    assert any(n.startswith("pack_parameters: packed 4 group(s), 20 parameters") for n in notes), notes
+    assert packed_slot(tower_params(model, "linear.weight")) is not None
+    x = inputs()
+    out, out_ref = compiled(x), ref(x)
+    torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-6)
+    out.square().sum().backward()
+    out_ref.square().sum().backward()
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=n)
+
+
+def test_compile_pack_parameters_option_checks():
+    with pytest.raises(TypeError, match="pack_parameters must be a bool"):
+        optimus.compile(make(), pack_parameters="yes")
+    compiled = optimus.compile(lambda x: x + 1, pack_parameters=True)
+    assert any("not an nn.Module; nothing packed" in n for n in compiled.optimus_report.notes)
