@@ -45,6 +45,8 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from .kernels.packed_ops import packed_slot
+
 ALIGN_BYTES = 16  # each member starts on a 16-byte boundary (what Inductor assumes of inputs)
 
 
@@ -111,26 +113,6 @@ def _span(names: Sequence[str]) -> str:
 def _owns_storage(t: torch.Tensor) -> bool:
     """The tensor is the only thing its storage holds (offset 0, exactly its bytes)."""
     return t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.numel() * t.element_size()
-
-
-def packed_slot(tensors: Sequence[torch.Tensor]) -> int | None:
-    """The slot (elements between consecutive members) if ``tensors`` are contiguous, equally
-    shaped views of one storage, member ``i`` at ``offset_0 + i * slot`` with
-    ``slot >= numel`` (no overlap); else ``None``. Works on real and fake tensors."""
-    if len(tensors) < 2:
-        return None
-    first = tensors[0]
-    if not all(t.is_contiguous() and t.shape == first.shape and t.dtype == first.dtype for t in tensors):
-        return None
-    storage = StorageWeakRef(first.untyped_storage())
-    if any(StorageWeakRef(t.untyped_storage()) != storage for t in tensors[1:]):
-        return None
-    slot = tensors[1].storage_offset() - first.storage_offset()
-    if slot < max(first.numel(), 1):
-        return None
-    if any(t.storage_offset() != first.storage_offset() + i * slot for i, t in enumerate(tensors)):
-        return None
-    return slot
 
 
 def _slot_for(numel: int, element_size: int, align_bytes: int) -> int:

@@ -326,3 +326,129 @@ def test_compile_pack_parameters_option_checks():
         optimus.compile(make(), pack_parameters="yes")
     compiled = optimus.compile(lambda x: x + 1, pack_parameters=True)
     assert any("not an nn.Module; nothing packed" in n for n in compiled.optimus_report.notes)
+
+
+# ------------------------------------------------------------------ the free stack: optimus::packed_linear
+def _packed_op_stats():
+    from optimus.kernels import packed_ops
+
+    return packed_ops.STATS
+
+
+def _slots(g: int, shape: tuple[int, ...], slot: int, requires_grad: bool = True) -> list[nn.Parameter]:
+    numel = int(torch.tensor(shape).prod())
+    buf = torch.randn((g - 1) * slot + numel)
+    params = []
+    for i in range(g):
+        p = nn.Parameter(torch.empty(0), requires_grad=requires_grad)
+        p.data = buf[i * slot : i * slot + numel].view(shape)
+        params.append(p)
+    return params
+
+
+@pytest.mark.parametrize("layout", ["packed", "padded", "separate", "reversed", "shared", "overlapping"])
+def test_packed_linear_op_equals_baddbmm_on_every_layout(layout):
+    from optimus.kernels.packed_ops import _strided_stack
+
+    g, m, k, n = 4, 3, 5, 2
+    torch.manual_seed(0)
+    ws = {
+        "packed": lambda: _slots(g, (n, k), n * k),
+        "padded": lambda: _slots(g, (n, k), 12),
+        "separate": lambda: [nn.Parameter(torch.randn(n, k)) for _ in range(g)],
+        "reversed": lambda: _slots(g, (n, k), n * k)[::-1],
+        "shared": lambda: [nn.Parameter(torch.randn(n, k))] * g,
+        "overlapping": lambda: _slots(g, (n, k), 4),  # slot < numel: members overlap
+    }[layout]()
+    bs = _slots(g, (n,), 4)
+    assert (_strided_stack(ws) is not None) == (layout in ("packed", "padded"))
+    x = torch.randn(g, m, k, requires_grad=True)
+    before = dict(_packed_op_stats())
+    y = torch.ops.optimus.packed_linear(x, ws, bs)
+    path = "weight_view" if layout in ("packed", "padded") else "weight_stack"
+    assert _packed_op_stats()[path] == before.get(path, 0) + 1
+    xr = x.detach().clone().requires_grad_()
+    wr = [w.detach().clone().requires_grad_() for w in dict.fromkeys(ws)]  # one leaf per distinct parameter
+    index = {id(w): i for i, w in enumerate(dict.fromkeys(ws))}
+    br = [b.detach().clone().requires_grad_() for b in bs]
+    ref = torch.baddbmm(torch.stack(br)[:, None], xr, torch.stack([wr[index[id(w)]] for w in ws]).mT)
+    assert torch.equal(y, ref)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    ref.backward(dy)
+    torch.testing.assert_close(x.grad, xr.grad)
+    for w in dict.fromkeys(ws):
+        torch.testing.assert_close(w.grad, wr[index[id(w)]].grad)  # shared: both members' gradients summed
+        assert w.grad.stride() == w.stride()
+    for b, r in zip(bs, br):
+        torch.testing.assert_close(b.grad, r.grad)
+
+
+def test_packed_linear_op_frozen_members_no_bias_and_opcheck():
+    ws = _slots(3, (2, 4), 8)
+    ws[1].requires_grad_(False)
+    x = torch.randn(3, 5, 4)
+    y = torch.ops.optimus.packed_linear(x, ws, [])
+    assert torch.equal(y, torch.bmm(x, torch.stack(ws).mT))
+    y.sum().backward()
+    assert ws[1].grad is None and ws[0].grad is not None
+    torch.testing.assert_close(ws[2].grad, torch.ones(5, 2).T @ x[2])
+    # the weight gradients are rows of one buffer, in the parameters' strides
+    assert ws[0].grad.stride() == (4, 1) and StorageWeakRef(ws[0].grad.untyped_storage()) == StorageWeakRef(ws[2].grad.untyped_storage())
+    args = (torch.randn(3, 5, 4, requires_grad=True), [w.detach().requires_grad_() for w in ws], [torch.randn(2, requires_grad=True) for _ in ws])
+    torch.library.opcheck(torch.ops.optimus.packed_linear.default, args)
+    torch.library.opcheck(torch.ops.optimus.packed_linear.default, (args[0], args[1], []))
+    with pytest.raises(ValueError, match="weight 1 is"):
+        torch.ops.optimus.packed_linear(x, [ws[0], torch.randn(3, 4), ws[2]], [])
+
+
+class Heads(nn.Module):
+    """Five linears on the five features, FX-traceable (``symbolic_trace``: parameters as get_attr)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lins = nn.ModuleList(nn.Linear(6, 3) for _ in range(5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([lin(x[:, i]) for i, lin in enumerate(self.lins)], 1)
+
+
+def test_batch_linear_emits_packed_linear_only_for_packed_weights():
+    def rewritten(model):
+        gm = torch.fx.symbolic_trace(model)
+        optimus.optimize(gm, passes="all", example_inputs=[inputs()])
+        ops = [n for n in gm.graph.nodes if n.op == "call_function"]
+        return [n for n in ops if "packed_linear" in str(n.target)], [n for n in ops if n.target in (torch.stack, torch.cat)], gm
+
+    torch.manual_seed(0)
+    plain = Heads()
+    found, stacks, _ = rewritten(plain)
+    assert not found and any(a.op == "get_attr" for s in stacks for a in s.args[0])  # the weights are stacked
+    packed = copy.deepcopy(plain)
+    optimus.pack_parameters(packed)
+    found, stacks, gm = rewritten(packed)
+    assert len(found) == 1
+    assert not any(a.op == "get_attr" for s in stacks for a in s.args[0])  # no stack of weights or biases
+    x = inputs()
+    torch.testing.assert_close(gm(x), plain(x))
+
+
+def test_compiled_packed_model_reads_weights_in_place_and_gets_gradients_in_their_strides():
+    model, ref = make(), make()
+    optimus.pack_parameters(model)
+    stats = _packed_op_stats()
+    before = dict(stats)
+    compiled = optimus.compile(model)
+    x = inputs()
+    out, out_ref = compiled(x), ref(x)
+    assert stats["weight_view"] == before.get("weight_view", 0) + 1 and stats["bias_view"] == before.get("bias_view", 0) + 1
+    assert stats["weight_stack"] == before.get("weight_stack", 0)
+    torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-6)
+    out.square().sum().backward()
+    out_ref.square().sum().backward()
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=n)
+        assert p.grad.stride() == p.stride(), n
+    grads = tower_params(model, "linear.weight")
+    # AccumulateGrad kept the op's (G, N, K) buffer: the gradients are its rows, not copies
+    assert len({StorageWeakRef(p.grad.untyped_storage()) for p in grads}) == 1

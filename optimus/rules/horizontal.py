@@ -21,6 +21,7 @@ from ..core.symbolic import known_eq, sym_key
 from ..core.view import GraphView, is_int
 from ..core.vocab import POINTWISE, Call, ParamRef
 from ._facts import emittable_shape, part_of, segment_of
+from .grouped_kernels import _call_op, _ops
 
 MAX_STACK_BYTES = 256 * 2**20
 
@@ -103,6 +104,23 @@ def _broadcast_stack(g: Group, b: Any, values: list[Any], rank: int) -> Any:
 
 
 # --------------------------------------------------------------------------- linear
+def _lies_packed(view: GraphView, items: list[Any]) -> bool:
+    """The members are parameters (graph inputs) lying packed in one storage, member ``i``
+    at ``offset_0 + i * slot`` (``optimus.pack_parameters``): Dynamo's fake parameters keep
+    their storage and offsets, so this is known at compile time."""
+    from ..kernels.packed_ops import packed_slot
+
+    values = []
+    for item in items:
+        if isinstance(item, ParamRef):
+            values.append(view.gm.get_parameter(item.target))
+        elif isinstance(item, fx.Node) and item.op in ("placeholder", "get_attr") and view.tensor_val(item) is not None:
+            values.append(view.tensor_val(item))
+        else:
+            return False
+    return packed_slot(values) is not None
+
+
 def _linear_key(call: Call, view: GraphView) -> Hashable:
     x, w, bias = call.args["input"], call.args["weight"], call.args.get("bias")
     rank = view.rank(x)
@@ -118,12 +136,22 @@ def batch_linear(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     """Linears of identical shapes on different inputs become one batched matmul.
 
     [linear(x_i, w_i, b_i)] -> unbind(baddbmm(stack(b_i)[:, None], stack(x_i), stack(w_i).mT))
+
+    When the weights lie packed (``optimus.pack_parameters``) the stacks of weights and
+    biases would be copies of what is already one buffer; then the batched matmul is
+    ``optimus::packed_linear`` (``kernels/packed_ops.py``), which reads them through a
+    strided view of that buffer (checked again on every call; a stack if they no longer
+    lie packed) and hands back weight gradients in the parameters' own strides:
+
+    [linear(x_i, w_i, b_i)] -> unbind(optimus::packed_linear(stack(x_i), [w_i], [b_i]))
     """
     xs = [c.input for c in g.members]
     ws = [c.args["weight"] for c in g.members]
     bs = [c.args.get("bias") for c in g.members]
     has_bias = bs[0] is not None
-    _profitable(g, [xs, ws] + ([bs] if has_bias else []))
+    packed = _lies_packed(g.view, ws)
+    stacked = [xs] + ([] if packed else [ws]) + ([bs] if has_bias and not (packed and _lies_packed(g.view, bs)) else [])
+    _profitable(g, stacked)
     shape = emittable_shape(g.shape(xs[0]))
     k, n = shape[-1], g.shape(ws[0])[0] if isinstance(ws[0], fx.Node) else g.view.gm.get_parameter(ws[0].target).shape[0]
     if not is_int(n) or k == -1:
@@ -131,6 +159,11 @@ def batch_linear(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     x = b.stack(xs, 0)
     if len(shape) != 2:
         x = b.reshape(x, [len(xs), -1, k])
+    if packed:
+        y = _call_op(b, _ops().packed_linear.default, x, [b.value(w) for w in ws], [b.value(v) for v in bs] if has_bias else [])
+        if len(shape) != 2:
+            y = b.reshape(y, [len(xs)] + shape[:-1] + [n])
+        return _unbind_results(g, b, y)
     wt = b.permute(b.stack([b.value(w) for w in ws], 0), [0, 2, 1])
     if has_bias:
         bias = b.unsqueeze(b.stack([b.value(v) for v in bs], 0), 1)
