@@ -65,7 +65,7 @@ TRIAL_OPTIONS_OFF = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwis
 # rules, the integration, and the kernels the rules may emit. The tools (demo, fuzzer,
 # scale, GPU check), the benchmark harness, the model zoo, the measurement helpers and the
 # command line do not; changing them keeps every compile-cache entry valid.
-COMPILED_SOURCES: tuple[str, ...] = ("core", "torch_ir", "aten_ir", "inductor_ir", "rules", "planner", "compile.py", "compat.py", "distributed.py", "safety_net.py")
+COMPILED_SOURCES: tuple[str, ...] = ("core", "torch_ir", "aten_ir", "inductor_ir", "rules", "planner", "compile.py", "compat.py", "distributed.py", "packing.py", "safety_net.py")
 KERNEL_TOOLS: tuple[str, ...] = ("bench.py", "bench_embedding.py", "bench_grouped.py", "aot_check.py")  # in kernels/, but they compile nothing
 
 
