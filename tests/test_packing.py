@@ -306,19 +306,44 @@ def test_gradients_reach_every_member_with_a_frozen_group():
 
 
 # ------------------------------------------------------------------ optimus.compile
-def test_compile_with_pack_parameters_records_it_and_matches_eager():
+def test_compile_with_pack_parameters_records_it_reads_weights_in_place_and_matches_eager():
+    """One compile of a packed model: the report says what was packed; the batched linear
+    read the weights and biases through views of their buffers (no stack); outputs and
+    gradients equal eager's; the weight gradients are rows of one buffer in the
+    parameters' strides (AccumulateGrad kept them, no copy)."""
     model, ref = make(), make()
+    stats = _packed_op_stats()
+    before = dict(stats)
     compiled = optimus.compile(model, pack_parameters=True)
     notes = compiled.optimus_report.notes
     assert any(n.startswith("pack_parameters: packed 4 group(s), 20 parameters") for n in notes), notes
     assert packed_slot(tower_params(model, "linear.weight")) is not None
     x = inputs()
     out, out_ref = compiled(x), ref(x)
+    assert stats["weight_view"] == before.get("weight_view", 0) + 1 and stats["bias_view"] == before.get("bias_view", 0) + 1
+    assert stats["weight_stack"] == before.get("weight_stack", 0)
     torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-6)
     out.square().sum().backward()
     out_ref.square().sum().backward()
     for (n, p), q in zip(model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=n)
+        assert p.grad.stride() == p.stride(), n
+    grads = tower_params(model, "linear.weight")
+    assert len({StorageWeakRef(p.grad.untyped_storage()) for p in grads}) == 1
+
+    # training steps on those gradients (kept between steps: zero_grad(set_to_none=False))
+    opt, opt_ref = (torch.optim.Adam(m.parameters(), lr=0.01, foreach=True) for m in (model, ref))
+    for step in range(3):
+        opt.step()
+        opt_ref.step()
+        opt.zero_grad(set_to_none=False)
+        opt_ref.zero_grad(set_to_none=False)
+        compiled(inputs(seed=step)).square().sum().backward()
+        ref(inputs(seed=step)).square().sum().backward()
+    assert packed_slot(tower_params(model, "linear.weight")) is not None
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=n)
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=n)
 
 
 def test_compile_pack_parameters_option_checks():
@@ -433,22 +458,32 @@ def test_batch_linear_emits_packed_linear_only_for_packed_weights():
     torch.testing.assert_close(gm(x), plain(x))
 
 
-def test_compiled_packed_model_reads_weights_in_place_and_gets_gradients_in_their_strides():
-    model, ref = make(), make()
+class TowersWithTiedUse(Towers):
+    """A packed weight also read elsewhere in the forward (a second use outside the group)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        side = (x[:, 0] @ self.towers[0].linear.weight.T).sum(-1)
+        return super().forward(x) + side
+
+
+def test_compiled_packed_group_with_a_frozen_member_and_a_weight_used_elsewhere_gets_right_gradients():
+    torch.manual_seed(0)
+    model = TowersWithTiedUse()
+    ref = copy.deepcopy(model)
     optimus.pack_parameters(model)
+    for m in (model, ref):  # frozen after packing: the group lies packed with one frozen member
+        m.towers[2].linear.weight.requires_grad_(False)
     stats = _packed_op_stats()
-    before = dict(stats)
+    before = stats["weight_view"]
     compiled = optimus.compile(model)
     x = inputs()
     out, out_ref = compiled(x), ref(x)
-    assert stats["weight_view"] == before.get("weight_view", 0) + 1 and stats["bias_view"] == before.get("bias_view", 0) + 1
-    assert stats["weight_stack"] == before.get("weight_stack", 0)
+    assert stats["weight_view"] == before + 1
     torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-6)
     out.square().sum().backward()
     out_ref.square().sum().backward()
     for (n, p), q in zip(model.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=n)
-        assert p.grad.stride() == p.stride(), n
-    grads = tower_params(model, "linear.weight")
-    # AccumulateGrad kept the op's (G, N, K) buffer: the gradients are its rows, not copies
-    assert len({StorageWeakRef(p.grad.untyped_storage()) for p in grads}) == 1
+        assert (p.grad is None) == (q.grad is None), n
+        if p.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=n)
+    assert model.towers[2].linear.weight.grad is None
