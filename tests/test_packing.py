@@ -219,6 +219,20 @@ def test_state_dict_keys_values_and_checkpoint_round_trips():
     assert all(torch.equal(p, q) for p, q in zip(other.parameters(), ref.parameters()))
 
 
+def test_safetensors_save_file_round_trip():
+    st = pytest.importorskip("safetensors.torch")
+    import tempfile
+
+    model, ref = make(), make(seed=3)
+    optimus.pack_parameters(model)
+    optimus.pack_parameters(ref)
+    with tempfile.TemporaryDirectory() as d:
+        st.save_file(model.state_dict(), f"{d}/m.safetensors")
+        ref.load_state_dict(st.load_file(f"{d}/m.safetensors"))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
+    assert packed_slot(tower_params(ref, "linear.weight")) is not None
+
+
 def test_whole_model_pickle_keeps_the_packing_and_deepcopy_gives_an_unpacked_equal_copy():
     model = make()
     optimus.pack_parameters(model)
