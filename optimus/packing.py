@@ -269,4 +269,7 @@ def pack_for_compile(model: object) -> list[str]:
     the report's notes (a note saying so when ``model`` is not an ``nn.Module``)."""
     if not isinstance(model, nn.Module):
         return [f"pack_parameters: {type(model).__name__} is not an nn.Module; nothing packed"]
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        return ["pack_parameters: the model is already wrapped in DistributedDataParallel; nothing packed "
+                "(pack the module before wrapping it: optimus.pack_parameters(module))"]
     return pack_parameters(model).notes()
