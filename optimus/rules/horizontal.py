@@ -73,9 +73,8 @@ def _stacked_bytes(g: Group, operand_lists: list[list[Any]]) -> int:
 
 def _profitable(g: Group, operand_lists: list[list[Any]]) -> None:
     """The rules' own heuristic: fewer launches, bounded stacked bytes. Under
-    ``passes="auto"`` the planner prices the built group instead (device time, memory)."""
-    if g.planned:
-        return
+    ``passes="auto"`` it still applies: the planner then prices what it accepts (device
+    time, memory) and may decline or cut it, never take a group this declines."""
     before, after = _launch_count(g, operand_lists)
     if after >= before:
         g.decline(f"not profitable: {before} kernels would become {after} (stack copies included)")
