@@ -17,7 +17,7 @@ import torch.fx as fx
 from ..core.group import Group, group_rule
 from ..core.pattern import Lit, Op, Var
 from ..core.rule import rule
-from ..core.symbolic import known_eq, sym_key
+from ..core.symbolic import concrete_int, known_eq, size_hint, sym_key
 from ..core.view import GraphView, is_int
 from ..core.vocab import POINTWISE, Call, ParamRef
 from ._facts import emittable_shape, part_of, segment_of
@@ -74,9 +74,8 @@ def _stacked_bytes(g: Group, operand_lists: list[list[Any]]) -> int:
 
 def _profitable(g: Group, operand_lists: list[list[Any]]) -> None:
     """The rules' own heuristic: fewer launches, bounded stacked bytes. Under
-    ``passes="auto"`` the planner prices the built group instead (device time, memory)."""
-    if g.planned:
-        return
+    ``passes="auto"`` it still applies: the planner then prices what it accepts (device
+    time, memory) and may decline or cut it, never take a group this declines."""
     before, after = _launch_count(g, operand_lists)
     if after >= before:
         g.decline(f"not profitable: {before} kernels would become {after} (stack copies included)")
@@ -319,6 +318,10 @@ def batch_mm(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     """
     a = [c.input for c in g.members]
     m2 = [c.args["mat2"] for c in g.members]
+    p, m = g.shape(a[0]) or (None, None)
+    q = (g.shape(m2[0]) or (None, None))[1]
+    if None not in (p, m, q) and long_reduction(len(a), size_hint(p), size_hint(m), size_hint(q)):
+        g.decline(f"a long reduction (k={size_hint(m)} for {size_hint(p)}x{size_hint(q)} outputs): one batched matmul runs slower than its members (see unbatch_long_reduction_bmm)")
     lists = [a, m2]
     if g.op == "addmm":
         lists.append([c.args["bias"] for c in g.members])
@@ -367,3 +370,56 @@ def transpose_bmm_for_gradient_layout(m: Any, b: Any) -> fx.Node:
     against the parameters' (K, 1); ``bmm(dy.mT, x)`` gives the same values row-major.
     """
     return b.bmm(b.permute(m.b, [0, 2, 1]), b.permute(m.a, [0, 2, 1]))
+
+
+# ------------------------------------------------------- long reductions (backward)
+#: A batched matmul whose reduction is this long and this much longer than its outputs'
+#: sides is unbatched (below). Measured on the H200 (docs/results/h200-zoo-run3/4): the
+#: weight gradients of interformer's 8 batched linears, bmm (8, 64..192, 33792) @ (8, 33792,
+#: 64..128), ran in cuBLAS's 32x32-tile batched kernel at ~790 us each (4.7 ms per step,
+#: 6 calls), where Inductor's 75 per-linear weight-gradient mm's of the same model took
+#: 0.8 ms in all; towers32's and splitcat's (32, 64, 512) @ (32, 512, 64) stayed fast
+#: (~15 us for what 32 mm's do in ~120 us).
+LONG_REDUCTION = 4096
+LONG_REDUCTION_RATIO = 64
+MAX_UNBATCH = 64
+
+
+def long_reduction(batch: int, p: int, k: int, q: int) -> bool:
+    """Is ``batch`` products of (p x k) @ (k x q) a reduction too long to batch? Each
+    output tile of one batched kernel then loops over all of k while few tiles exist
+    (batch * p * q is small): the GPU idles where per-product matmuls split k."""
+    return batch <= MAX_UNBATCH and k >= LONG_REDUCTION and k >= LONG_REDUCTION_RATIO * max(p, q)
+
+
+def _is_long_reduction(m: Any) -> bool:
+    """the batched product is not a long reduction over few outputs (or its batch is not static)"""
+    a, b = m.view.shape(m.a), m.view.shape(m.b)
+    if a is None or b is None or len(a) != 3 or len(b) != 3:
+        return False
+    batch = concrete_int(a[0])
+    return batch is not None and long_reduction(batch, size_hint(a[1]), size_hint(a[2]), size_hint(b[2]))
+
+
+def _not_awaiting_gradient_layout(m: Any) -> bool:
+    """transpose_bmm_for_gradient_layout transposes this product first (its result is handed back transposed)"""
+    users = list(m.anchor.node.users)
+    if len(users) != 1 or not m.view.outputs_are_gradients():
+        return True
+    call = m.view.classify(users[0])
+    return not (call is not None and call.op == "permute" and list(call.args.get("dims", ())) == [0, 2, 1])
+
+
+@rule(Op("bmm", Var("a"), Var("b")), where=[_is_long_reduction, _not_awaiting_gradient_layout], kind="horizontal", levels=("aten_ir",), priority=50)
+def unbatch_long_reduction_bmm(m: Any, b: Any) -> fx.Node:
+    """A batched matmul with a long reduction and small outputs runs as one matmul per
+    batch entry: each can split its reduction across the GPU, one batched kernel cannot.
+
+    bmm(a, b) -> stack([mm(a[i], b[i]) for i in range(batch)])
+
+    This is the weight gradient of ``batch_linear`` over many tokens, (G, N, tokens) @
+    (G, tokens, K); the stack folds away when its users unbind it (unbind_stack_to_view),
+    so each gradient is its own mm's output, in its parameter's layout. ``batch_mm``
+    declines groups that this rule would take apart again (the same ``long_reduction``).
+    """
+    return b.stack([b.mm(x, y) for x, y in zip(b.unbind(m.a, 0), b.unbind(m.b, 0))], 0)
