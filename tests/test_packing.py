@@ -501,3 +501,22 @@ def test_compiled_packed_group_with_a_frozen_member_and_a_weight_used_elsewhere_
         if p.grad is not None:
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=n)
     assert model.towers[2].linear.weight.grad is None
+
+
+def test_packed_weights_with_a_long_weight_gradient_keep_the_stacked_form():
+    """Many rows per member: the weight gradient is a long reduction, which Aten-IR
+    unbatches per member outside the op (unbatch_long_reduction_bmm); so no packed_linear."""
+    from optimus.rules.horizontal import LONG_REDUCTION
+
+    def rewritten(model, rows):
+        gm = torch.fx.symbolic_trace(model)
+        optimus.optimize(gm, passes="all", example_inputs=[torch.randn(rows, 5, 6)])
+        return [n for n in gm.graph.nodes if n.op == "call_function" and "packed_linear" in str(n.target)]
+
+    torch.manual_seed(0)
+    model = Heads()
+    optimus.pack_parameters(model)
+    assert len(rewritten(model, 8)) == 1
+    assert not rewritten(model, LONG_REDUCTION)
+    model.requires_grad_(False)  # no weight gradient: nothing to unbatch
+    assert len(rewritten(model, LONG_REDUCTION)) == 1

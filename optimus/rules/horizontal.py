@@ -120,6 +120,21 @@ def _lies_packed(view: GraphView, items: list[Any]) -> bool:
     return packed_slot(values) is not None
 
 
+def _long_weight_gradient(g: Group, xs: list[Any], ws: list[Any]) -> bool:
+    """The weights need a gradient whose batched product is a long reduction
+    (``long_reduction``: many rows of x per member). Outside ``packed_linear`` Aten-IR's
+    ``unbatch_long_reduction_bmm`` splits that product per member; inside the op it could
+    not, so such groups keep the stacked form."""
+    w0 = g.view.gm.get_parameter(ws[0].target) if isinstance(ws[0], ParamRef) else g.view.tensor_val(ws[0])
+    shape = g.shape(xs[0])
+    if w0 is None or not w0.requires_grad or not shape:
+        return False
+    rows = 1
+    for s in shape[:-1]:
+        rows *= size_hint(s)
+    return long_reduction(len(xs), size_hint(w0.shape[0]), rows, size_hint(w0.shape[1]))
+
+
 def _linear_key(call: Call, view: GraphView) -> Hashable:
     x, w, bias = call.args["input"], call.args["weight"], call.args.get("bias")
     rank = view.rank(x)
@@ -148,7 +163,7 @@ def batch_linear(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     ws = [c.args["weight"] for c in g.members]
     bs = [c.args.get("bias") for c in g.members]
     has_bias = bs[0] is not None
-    packed = _lies_packed(g.view, ws)
+    packed = _lies_packed(g.view, ws) and not _long_weight_gradient(g, xs, ws)
     stacked = [xs] + ([] if packed else [ws]) + ([bs] if has_bias and not (packed and _lies_packed(g.view, bs)) else [])
     _profitable(g, stacked)
     shape = emittable_shape(g.shape(xs[0]))
