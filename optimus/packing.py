@@ -24,7 +24,8 @@ Groups are found from the module structure: sibling child modules of one type wi
 same parameter names (the towers of a ``ModuleList``, repeated child modules) give one
 group per parameter name, in child order, which is the order the rules stack them when
 the forward runs the siblings in order; a ``ParameterList`` / ``ParameterDict`` gives one
-group. A group is packed only if its members have the same shape, dtype, device,
+group. Where both an outer and an inner repeat propose a parameter, identical shapes win,
+then more members, then the inner repeat (``find_groups``). A group is packed only if its members have the same shape, dtype, device,
 ``requires_grad`` and a contiguous layout, each owns its storage, and no Parameter
 appears twice (in the group or elsewhere in the model); otherwise it is declined with the
 reason in the returned ``PackReport``.
@@ -131,34 +132,48 @@ def _param_names(module: nn.Module) -> dict[int, list[str]]:
 
 def find_groups(module: nn.Module, min_members: int = 2) -> list[tuple[str, ...]]:
     """Candidate groups (qualified parameter names in stack order) from the module
-    structure, outermost first; a parameter is in at most one candidate."""
-    groups: list[tuple[str, ...]] = []
-    claimed: set[str] = set()
+    structure; a parameter is in at most one candidate.
 
-    def visit(prefix: str, mod: nn.Module) -> None:
+    Every module proposes, per parameter name, the list of its sibling children of one
+    type with the same parameter names (and a ``ParameterList`` / ``ParameterDict`` its
+    own parameters). Where a parameter is proposed at several levels, the proposal of
+    identical shapes wins, then the one with more members, then the inner one: eight
+    linears of a ``ModuleList`` inside each of two sequential rounds group by eight
+    within a round, not by two across rounds."""
+    proposals: list[tuple[int, tuple[str, ...]]] = []  # (depth, names)
+
+    def visit(prefix: str, mod: nn.Module, depth: int) -> None:
         if isinstance(mod, (nn.ParameterList, nn.ParameterDict)):
             names = tuple(prefix + n for n, _ in mod.named_parameters(recurse=False, remove_duplicate=False))
-            if len(names) >= min_members and not claimed.intersection(names):
-                groups.append(names)
-                claimed.update(names)
+            if len(names) >= min_members:
+                proposals.append((depth, names))
         buckets: dict[tuple, list[str]] = collections.defaultdict(list)
         for cname, child in mod.named_children():
             rel = tuple(n for n, _ in child.named_parameters(remove_duplicate=False))
             if rel:
                 buckets[(type(child), rel)].append(cname)
         for (_, rel), cnames in buckets.items():
-            if len(cnames) < min_members:
-                continue
-            for r in rel:
-                names = tuple(f"{prefix}{c}.{r}" for c in cnames)
-                if not claimed.intersection(names):
-                    groups.append(names)
-                    claimed.update(names)
+            if len(cnames) >= min_members:
+                proposals.extend((depth, tuple(f"{prefix}{c}.{r}" for c in cnames)) for r in rel)
         for cname, child in mod.named_children():
-            visit(f"{prefix}{cname}.", child)
+            visit(f"{prefix}{cname}.", child, depth + 1)
 
-    visit("", module)
-    return groups
+    visit("", module, 0)
+    params = dict(module.named_parameters(remove_duplicate=False))
+    order = {name: i for i, name in enumerate(params)}
+
+    def preference(proposal: tuple[int, tuple[str, ...]]) -> tuple[bool, int, int]:
+        depth, names = proposal
+        uniform = len({(tuple(params[n].shape), params[n].dtype) for n in names}) == 1
+        return (not uniform, -len(names), -depth)
+
+    groups: list[tuple[str, ...]] = []
+    claimed: set[str] = set()
+    for _, names in sorted(proposals, key=preference):
+        if not claimed.intersection(names):
+            groups.append(names)
+            claimed.update(names)
+    return sorted(groups, key=lambda names: order[names[0]])
 
 
 def _decline_reason(names: Sequence[str], params: Sequence[nn.Parameter], registered: dict[int, list[str]]) -> str | None:

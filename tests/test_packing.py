@@ -101,8 +101,39 @@ def test_groups_found_in_parameter_lists_and_nested_repeats():
     assert ("blocks.0.0.weight", "blocks.1.0.weight", "blocks.2.0.weight") in groups
     assert ("blocks.0.2.bias", "blocks.1.2.bias", "blocks.2.2.bias") in groups
     assert ("scales.0", "scales.1", "scales.2") in groups
-    # the outer repeat claims the parameters: the square linears inside a block are not regrouped
     assert len({n for g in groups for n in g}) == sum(len(g) for g in groups)
+
+
+def test_groups_prefer_the_larger_sibling_set_and_identical_shapes():
+    class Round(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linears = nn.ModuleList(nn.Linear(4, 4) for _ in range(6))
+
+    class Rounds(nn.Module):  # two sequential rounds of six parallel linears
+        def __init__(self):
+            super().__init__()
+            self.rounds = nn.ModuleList(Round() for _ in range(2))
+
+    groups = find_groups(Rounds())
+    assert ("rounds.0.linears.0.weight",) + tuple(f"rounds.0.linears.{i}.weight" for i in range(1, 6)) in groups
+    assert all(len(g) == 6 for g in groups) and len(groups) == 4
+
+    class Blocks(nn.Module):  # each block: two square linears; three blocks side by side
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)) for _ in range(3))
+
+    groups = find_groups(Blocks())
+    assert ("blocks.0.0.weight", "blocks.1.0.weight", "blocks.2.0.weight") in groups and len(groups) == 4
+
+    class Mixed(nn.Module):  # the outer set has different shapes; the inner pairs are identical
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(d, d), nn.Linear(d, d)) for d in (2, 3, 4))
+
+    groups = find_groups(Mixed())
+    assert ("blocks.1.0.weight", "blocks.1.1.weight") in groups and len(groups) == 6
 
 
 def test_explicit_groups_and_unknown_names():
