@@ -69,25 +69,23 @@ def packed_slot(tensors: Sequence[Tensor]) -> Optional[int]:
 
 def _strided_stack(ts: Sequence[Tensor]) -> Optional[Tensor]:
     """The (G, *shape) view of the members' common storage, or ``None`` when they are not
-    consecutive equal slots of it (the run-time check: data pointers, not storages)."""
+    consecutive equal slots of it (the run-time check: data pointers, not storages; one
+    pass of a few attribute reads per member)."""
     first = ts[0]
-    if len(ts) < 2 or first.numel() == 0:
+    if len(ts) < 2 or not first.is_contiguous():
         return None
-    shape, strides = first.shape, first.stride()
-    if not first.is_contiguous():
+    numel, size = first.numel(), first.element_size()
+    ptr, step = first.data_ptr(), ts[1].data_ptr() - first.data_ptr()
+    if numel == 0 or step <= 0 or step % size or step < numel * size:
         return None
-    size = first.element_size()
-    step = ts[1].data_ptr() - first.data_ptr()
-    if step <= 0 or step % size or step // size < first.numel():
-        return None
-    ptr = first.data_ptr()
-    for i, t in enumerate(ts):
-        if t.data_ptr() != ptr + i * step or t.shape != shape or t.stride() != strides or t.dtype != first.dtype or t.device != first.device:
+    shape, strides, dtype, device = first.shape, first.stride(), first.dtype, first.get_device()
+    for i in range(1, len(ts)):
+        t = ts[i]
+        if t.data_ptr() != ptr + i * step or t.shape != shape or t.stride() != strides or t.dtype != dtype or t.get_device() != device:
             return None
     slot = step // size
     # every member lies in the first one's storage (then the bytes are the members' own)
-    end = (first.storage_offset() + (len(ts) - 1) * slot + first.numel()) * size
-    if end > first.untyped_storage().nbytes():
+    if (first.storage_offset() + (len(ts) - 1) * slot + numel) * size > first.untyped_storage().nbytes():
         return None
     return first.as_strided((len(ts),) + tuple(shape), (slot,) + tuple(strides), first.storage_offset())
 
@@ -127,7 +125,8 @@ def _register() -> None:
 
     @torch.library.custom_op("optimus::packed_linear", mutates_args=())
     def packed_linear(x: Tensor, weights: List[Tensor], biases: List[Tensor]) -> Tensor:
-        _check(x, weights, biases)
+        # the shapes were checked when the op was traced (fake implementation); here a
+        # mismatch makes stack / bmm raise, and the view path checks every member itself
         w = stacked(weights, "weight")
         if not biases:
             return torch.bmm(x, w.mT)
