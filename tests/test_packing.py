@@ -558,3 +558,23 @@ def test_packed_weights_with_a_long_weight_gradient_keep_the_stacked_form():
     assert not rewritten(model, LONG_REDUCTION)
     model.requires_grad_(False)  # no weight gradient: nothing to unbatch
     assert len(rewritten(model, LONG_REDUCTION)) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_packed_model_on_the_gpu_with_and_without_cuda_graphs(mode):
+    """The view path on CUDA, also captured in a CUDA graph (the op keeps no buffers)."""
+    model, ref = make().cuda(), make().cuda()
+    stats = _packed_op_stats()
+    before, stacked_before = stats["weight_view"], stats["weight_stack"]
+    compiled = optimus.compile(model, pack_parameters=True, mode=mode)
+    for step in range(3):
+        x = inputs(seed=step).cuda()
+        out, out_ref = compiled(x), ref(x)
+        torch.testing.assert_close(out, out_ref, rtol=1e-4, atol=1e-5)
+        out.square().sum().backward()
+        out_ref.square().sum().backward()
+    assert stats["weight_view"] > before and stats["weight_stack"] == stacked_before
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=n)
