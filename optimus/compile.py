@@ -58,6 +58,9 @@ TUNE_CANDIDATES = ("auto", "all", "vertical", "none")  # what tune=True measures
 # at the first replay ("tensors in the cudagraph pool not tracked as outputs", H200 run 4 of
 # 2026-12-01): until the ops are capture-clean, those rules do not run there.
 CUDAGRAPH_UNSAFE_RULES = ("grouped_linear", "grouped_mm", "batched_layer_norm", "group_embedding_lookups")
+# Rule options turned off under CUDA graphs for the same reason: batch_linear's
+# optimus::packed_linear (packed weights, docs/packing.md) has not run under capture yet.
+CUDAGRAPH_UNSAFE_OPTIONS = {("torch_ir", "batch_linear"): {"packed_weights": False}}
 TRIAL_OPTIONS_OFF = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise", "coordinate_descent_tuning")
 
 
@@ -232,10 +235,13 @@ class Session:
             return config
         rules = {lv: tuple(r for r in names if r not in CUDAGRAPH_UNSAFE_RULES) for lv, names in config.rules.items()}
         dropped = sorted({r for names in config.rules.values() for r in names} & set(CUDAGRAPH_UNSAFE_RULES))
-        if not dropped:
-            return config
-        self.note_once(f"CUDA graphs: {', '.join(dropped)} off (their Triton ops keep buffers alive across graph capture, which cudagraph trees refuse)")
-        return dataclasses.replace(config, rules=rules)
+        options = dict(config.options)
+        for key, off in CUDAGRAPH_UNSAFE_OPTIONS.items():
+            if key[1] in config.rules.get(key[0], ()):
+                options[key] = {**options.get(key, {}), **off}
+        if dropped:
+            self.note_once(f"CUDA graphs: {', '.join(dropped)} off (their Triton ops keep buffers alive across graph capture, which cudagraph trees refuse)")
+        return dataclasses.replace(config, rules=rules, options=options)
 
     def _plan(self, context: "planner_plan.Context") -> None:
         """Attach this compile's planner (``passes="auto"``) and its choice of rules."""

@@ -10,6 +10,7 @@ and ``optimus.compile`` of a packed model.
 from __future__ import annotations
 
 import copy
+import importlib
 import io
 
 import pytest
@@ -508,6 +509,26 @@ def test_batch_linear_emits_packed_linear_only_for_packed_weights():
     assert not any(a.op == "get_attr" for s in stacks for a in s.args[0])  # no stack of weights or biases
     x = inputs()
     torch.testing.assert_close(gm(x), plain(x))
+
+
+def test_under_cuda_graphs_packed_weights_are_stacked_as_before():
+    """optimus::packed_linear has not run under graph capture yet: with Inductor's
+    triton.cudagraphs the session turns batch_linear's packed_weights option off."""
+    from optimus.core.registry import resolve
+
+    oc = importlib.import_module("optimus.compile")
+    session = oc.Session(resolve("all"))
+    config = session._without_capture_unsafe_rules(session.base_config, {"triton.cudagraphs": True})
+    assert config.options[("torch_ir", "batch_linear")]["packed_weights"] is False
+    torch.manual_seed(0)
+    packed = Heads()
+    optimus.pack_parameters(packed)
+    gm = torch.fx.symbolic_trace(packed)
+    optimus.optimize(gm, passes=config, example_inputs=[inputs()])
+    assert not [n for n in gm.graph.nodes if n.op == "call_function" and "packed_linear" in str(n.target)]
+    assert gm.meta["optimus_report"].graphs[0].rules["batch_linear"].matched == 1
+    x = inputs()
+    torch.testing.assert_close(gm(x), packed(x))
 
 
 class TowersWithTiedUse(Towers):

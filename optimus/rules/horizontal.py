@@ -145,7 +145,7 @@ def _linear_key(call: Call, view: GraphView) -> Hashable:
     return ("linear", _sig(view, x), _sig(view, w), bias is not None and _sig(view, bias))
 
 
-@group_rule("linear", key=_linear_key, priority=110, options={"max_stack_bytes": MAX_STACK_BYTES})
+@group_rule("linear", key=_linear_key, priority=110, options={"max_stack_bytes": MAX_STACK_BYTES, "packed_weights": True})
 def batch_linear(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     """Linears of identical shapes on different inputs become one batched matmul.
 
@@ -163,7 +163,7 @@ def batch_linear(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     ws = [c.args["weight"] for c in g.members]
     bs = [c.args.get("bias") for c in g.members]
     has_bias = bs[0] is not None
-    packed = _lies_packed(g.view, ws) and not _long_weight_gradient(g, xs, ws)
+    packed = g.options.get("packed_weights", True) and _lies_packed(g.view, ws) and not _long_weight_gradient(g, xs, ws)
     stacked = [xs] + ([] if packed else [ws]) + ([bs] if has_bias and not (packed and _lies_packed(g.view, bs)) else [])
     _profitable(g, stacked)
     shape = emittable_shape(g.shape(xs[0]))
