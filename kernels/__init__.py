@@ -18,6 +18,9 @@ Custom ops for graph rewrites (packed convention, see :mod:`optimus.kernels.ops`
     torch.ops.optimus.batched_layer_norm_backward(dy, x, w, stats, rows, widths,
                                                   has_bias, need_dx, need_dw, need_db) -> (dx, dw, db)
 
+    torch.ops.optimus.packed_linear(x, weights, biases) -> y    (packed_ops.py: a batched linear
+        reading packed parameters through a view of their buffer; see optimus.pack_parameters)
+
 with helpers :func:`pack`, :func:`unpack`, :func:`grouped_linear_packed` and
 :func:`batched_layer_norm_packed`.  The forward ops carry fake implementations and registered
 autograd, so ``torch.compile(fullgraph=True)`` traces graphs that contain them.
@@ -27,6 +30,7 @@ Backends: Triton on CUDA tensors (the Triton interpreter on CPU tensors when
 imports without CUDA and without Triton: the Triton modules are imported on first use.
 """
 
+from . import packed_ops  # noqa: F401  (registers optimus::packed_linear)
 from ._common import ACTIVATIONS, get_backend, set_backend, triton_available
 from .embedding_ops import grouped_embedding_bag
 from .ops import (

@@ -12,6 +12,7 @@ Quick start::
     model = optimus.compile(model)              # torch.compile + Optimus passes
     report = optimus.explain(model, x)          # what changed, per level and rule
     gm = optimus.optimize(fx_graph_module)      # rewrite a bare FX graph
+    optimus.pack_parameters(model)              # sibling weights in one buffer each
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from .core.pattern import ANY, Alt, Each, ListOf, Lit, Op, Var  # noqa: E402
 from .core.registry import REGISTRY, DriverOptions, PassConfig, resolve  # noqa: E402
 from .core.report import Report  # noqa: E402
 from .core.rule import Builder, Decline, Match, Rule, rule  # noqa: E402
+from .packing import PackReport, pack_parameters, unpack_parameters  # noqa: E402
 
 
 def register_rule(r: Rule, replace: bool = False) -> Rule:
@@ -91,7 +93,10 @@ __all__ = [
     "list_rules",
     "make_backend",
     "optimize",
+    "PackReport",
+    "pack_parameters",
     "register_rule",
     "resolve",
     "rule",
+    "unpack_parameters",
 ]

@@ -58,6 +58,9 @@ TUNE_CANDIDATES = ("auto", "all", "vertical", "none")  # what tune=True measures
 # at the first replay ("tensors in the cudagraph pool not tracked as outputs", H200 run 4 of
 # 2026-12-01): until the ops are capture-clean, those rules do not run there.
 CUDAGRAPH_UNSAFE_RULES = ("grouped_linear", "grouped_mm", "batched_layer_norm", "group_embedding_lookups")
+# Rule options turned off under CUDA graphs for the same reason: batch_linear's
+# optimus::packed_linear (packed weights, docs/packing.md) has not run under capture yet.
+CUDAGRAPH_UNSAFE_OPTIONS = {("torch_ir", "batch_linear"): {"packed_weights": False}}
 TRIAL_OPTIONS_OFF = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise", "coordinate_descent_tuning")
 
 
@@ -65,7 +68,7 @@ TRIAL_OPTIONS_OFF = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwis
 # rules, the integration, and the kernels the rules may emit. The tools (demo, fuzzer,
 # scale, GPU check), the benchmark harness, the model zoo, the measurement helpers and the
 # command line do not; changing them keeps every compile-cache entry valid.
-COMPILED_SOURCES: tuple[str, ...] = ("core", "torch_ir", "aten_ir", "inductor_ir", "rules", "planner", "compile.py", "compat.py", "distributed.py", "safety_net.py")
+COMPILED_SOURCES: tuple[str, ...] = ("core", "torch_ir", "aten_ir", "inductor_ir", "rules", "planner", "compile.py", "compat.py", "distributed.py", "packing.py", "safety_net.py")
 KERNEL_TOOLS: tuple[str, ...] = ("bench.py", "bench_embedding.py", "bench_grouped.py", "aot_check.py")  # in kernels/, but they compile nothing
 
 
@@ -232,10 +235,13 @@ class Session:
             return config
         rules = {lv: tuple(r for r in names if r not in CUDAGRAPH_UNSAFE_RULES) for lv, names in config.rules.items()}
         dropped = sorted({r for names in config.rules.values() for r in names} & set(CUDAGRAPH_UNSAFE_RULES))
-        if not dropped:
-            return config
-        self.note_once(f"CUDA graphs: {', '.join(dropped)} off (their Triton ops keep buffers alive across graph capture, which cudagraph trees refuse)")
-        return dataclasses.replace(config, rules=rules)
+        options = dict(config.options)
+        for key, off in CUDAGRAPH_UNSAFE_OPTIONS.items():
+            if key[1] in config.rules.get(key[0], ()):
+                options[key] = {**options.get(key, {}), **off}
+        if dropped:
+            self.note_once(f"CUDA graphs: {', '.join(dropped)} off (their Triton ops keep buffers alive across graph capture, which cudagraph trees refuse)")
+        return dataclasses.replace(config, rules=rules, options=options)
 
     def _plan(self, context: "planner_plan.Context") -> None:
         """Attach this compile's planner (``passes="auto"``) and its choice of rules."""
@@ -445,14 +451,16 @@ def last_report() -> Report | None:
     return _LAST[0] if _LAST else None
 
 
-def compile(model: Any, passes: Any = DEFAULT_PASSES, tune: bool = False, **torch_compile_kwargs: Any) -> Any:
+def compile(model: Any, passes: Any = DEFAULT_PASSES, tune: bool = False, pack_parameters: bool = False, **torch_compile_kwargs: Any) -> Any:
     """``torch.compile(model, **kwargs)`` with Optimus's passes; returns the compiled model.
 
     ``passes="all"`` (the default), a preset (``"vertical"``, ...) or a rule list runs
     exactly that; ``passes="auto"`` lets the planner choose per graph which rewrites pay
     off on this device (docs/planner.md), and with it ``tune=True`` also measures the
     candidate plans on the first inputs and caches the choice on disk
-    (``mode="max-autotune"`` implies it).
+    (``mode="max-autotune"`` implies it). ``pack_parameters=True`` first packs the
+    model's groups of sibling parameters into one buffer each, in place
+    (``optimus.pack_parameters``, docs/packing.md); the report's notes say what it did.
 
     Every ``torch.compile`` keyword works: ``mode`` (``"reduce-overhead"`` turns on CUDA
     graphs, ``"max-autotune"``...), ``options`` (Inductor options), ``dynamic``,
@@ -468,9 +476,15 @@ def compile(model: Any, passes: Any = DEFAULT_PASSES, tune: bool = False, **torc
         raise TypeError(f"optimus.compile takes the passes as passes=, not options[{PASSES_OPTION!r}]")
     if not isinstance(tune, bool):
         raise TypeError(f"tune must be a bool, got {type(tune).__name__}")
+    if not isinstance(pack_parameters, bool):
+        raise TypeError(f"pack_parameters must be a bool, got {type(pack_parameters).__name__}")
     backend = make_backend(passes, mode=mode, options=options, dynamic=torch_compile_kwargs.get("dynamic"), tune=tune)
     report = backend.session.report  # type: ignore[attr-defined]
     _remember(report)
+    if pack_parameters:
+        from .packing import pack_for_compile
+
+        report.notes.extend(pack_for_compile(model))
     compiled = torch.compile(model, backend=backend, **torch_compile_kwargs)
     try:
         compiled.optimus_report = report

@@ -139,7 +139,6 @@ class Driver:
         if any(c is None or self._safe_key(rule, c, stats) != group.key for c in fresh):
             return False
         group.members = fresh
-        group.planned = self.planner is not None
         anchor = max(group.nodes, key=lambda n: n._sort_key)
         t0 = time.perf_counter()
         builder: Builder | None = None

@@ -54,12 +54,7 @@ DEPENDENT = "members depend on each other (an earlier fusion joined their paths)
 
 class Group(Match):
     """The members of one group, plus read-only helpers: the match of a group rule (what its
-    conditions and replacement receive, like ``Match`` for pattern rules).
-
-    ``planned``: a planner judges this group once it is built (``passes="auto"``), so a
-    rule's own rough profitability heuristics (launch counts, byte caps) step aside."""
-
-    planned: bool = False
+    conditions and replacement receive, like ``Match`` for pattern rules)."""
 
     def __init__(self, rule: "GroupRule", members: list[Call], key: Any, view: GraphView, options: dict[str, Any]) -> None:
         self.rule = rule

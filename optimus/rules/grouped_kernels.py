@@ -144,10 +144,8 @@ def _nbytes(view: GraphView, value: Any) -> int:
 
 def _check_profitable(g: Group, kernels_before: int, operand_lists: Sequence[Sequence[Any]]) -> None:
     """The rules' own heuristic (fewer launches, bounded packed bytes), as
-    ``horizontal._profitable``; under ``passes="auto"`` the planner prices the built group
-    instead (``optimus/planner/estimate.py`` charges the custom op its members' arithmetic)."""
-    if g.planned:
-        return
+    ``horizontal._profitable``; under ``passes="auto"`` the planner then prices what it
+    accepts (``optimus/planner/estimate.py`` charges the custom op its members' arithmetic)."""
     after = 1 + _pack_count(g.view, operand_lists)
     if after >= kernels_before:
         g.decline(f"not profitable: {kernels_before} kernels would become {after} (packing copies included)")

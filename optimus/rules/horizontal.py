@@ -17,10 +17,11 @@ import torch.fx as fx
 from ..core.group import Group, group_rule
 from ..core.pattern import Lit, Op, Var
 from ..core.rule import rule
-from ..core.symbolic import is_symbolic, known_eq, known_sizes_eq, sym_key
+from ..core.symbolic import concrete_int, is_symbolic, known_eq, known_sizes_eq, size_hint, sym_key
 from ..core.view import GraphView, is_int
 from ..core.vocab import POINTWISE, Call, ParamRef
 from ._facts import emittable_shape, part_of, segment_of
+from .grouped_kernels import _call_op, _ops
 
 MAX_STACK_BYTES = 256 * 2**20
 
@@ -73,9 +74,8 @@ def _stacked_bytes(g: Group, operand_lists: list[list[Any]]) -> int:
 
 def _profitable(g: Group, operand_lists: list[list[Any]]) -> None:
     """The rules' own heuristic: fewer launches, bounded stacked bytes. Under
-    ``passes="auto"`` the planner prices the built group instead (device time, memory)."""
-    if g.planned:
-        return
+    ``passes="auto"`` it still applies: the planner then prices what it accepts (device
+    time, memory) and may decline or cut it, never take a group this declines."""
     before, after = _launch_count(g, operand_lists)
     if after >= before:
         g.decline(f"not profitable: {before} kernels would become {after} (stack copies included)")
@@ -103,6 +103,38 @@ def _broadcast_stack(g: Group, b: Any, values: list[Any], rank: int) -> Any:
 
 
 # --------------------------------------------------------------------------- linear
+def _lies_packed(view: GraphView, items: list[Any]) -> bool:
+    """The members are parameters (graph inputs) lying packed in one storage, member ``i``
+    at ``offset_0 + i * slot`` (``optimus.pack_parameters``): Dynamo's fake parameters keep
+    their storage and offsets, so this is known at compile time."""
+    from ..kernels.packed_ops import packed_slot
+
+    values = []
+    for item in items:
+        if isinstance(item, ParamRef):
+            values.append(view.gm.get_parameter(item.target))
+        elif isinstance(item, fx.Node) and item.op in ("placeholder", "get_attr") and view.tensor_val(item) is not None:
+            values.append(view.tensor_val(item))
+        else:
+            return False
+    return packed_slot(values) is not None
+
+
+def _long_weight_gradient(g: Group, xs: list[Any], ws: list[Any]) -> bool:
+    """The weights need a gradient whose batched product is a long reduction
+    (``long_reduction``: many rows of x per member). Outside ``packed_linear`` Aten-IR's
+    ``unbatch_long_reduction_bmm`` splits that product per member; inside the op it could
+    not, so such groups keep the stacked form."""
+    w0 = g.view.gm.get_parameter(ws[0].target) if isinstance(ws[0], ParamRef) else g.view.tensor_val(ws[0])
+    shape = g.shape(xs[0])
+    if w0 is None or not w0.requires_grad or not shape:
+        return False
+    rows = 1
+    for s in shape[:-1]:
+        rows *= size_hint(s)
+    return long_reduction(len(xs), size_hint(w0.shape[0]), rows, size_hint(w0.shape[1]))
+
+
 def _linear_key(call: Call, view: GraphView) -> Hashable:
     x, w, bias = call.args["input"], call.args["weight"], call.args.get("bias")
     rank = view.rank(x)
@@ -113,17 +145,27 @@ def _linear_key(call: Call, view: GraphView) -> Hashable:
     return ("linear", _sig(view, x), _sig(view, w), bias is not None and _sig(view, bias))
 
 
-@group_rule("linear", key=_linear_key, priority=110, options={"max_stack_bytes": MAX_STACK_BYTES})
+@group_rule("linear", key=_linear_key, priority=110, options={"max_stack_bytes": MAX_STACK_BYTES, "packed_weights": True})
 def batch_linear(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     """Linears of identical shapes on different inputs become one batched matmul.
 
     [linear(x_i, w_i, b_i)] -> unbind(baddbmm(stack(b_i)[:, None], stack(x_i), stack(w_i).mT))
+
+    When the weights lie packed (``optimus.pack_parameters``) the stacks of weights and
+    biases would be copies of what is already one buffer; then the batched matmul is
+    ``optimus::packed_linear`` (``kernels/packed_ops.py``), which reads them through a
+    strided view of that buffer (checked again on every call; a stack if they no longer
+    lie packed) and hands back weight gradients in the parameters' own strides:
+
+    [linear(x_i, w_i, b_i)] -> unbind(optimus::packed_linear(stack(x_i), [w_i], [b_i]))
     """
     xs = [c.input for c in g.members]
     ws = [c.args["weight"] for c in g.members]
     bs = [c.args.get("bias") for c in g.members]
     has_bias = bs[0] is not None
-    _profitable(g, [xs, ws] + ([bs] if has_bias else []))
+    packed = g.options.get("packed_weights", True) and _lies_packed(g.view, ws) and not _long_weight_gradient(g, xs, ws)
+    stacked = [xs] + ([] if packed else [ws]) + ([bs] if has_bias and not (packed and _lies_packed(g.view, bs)) else [])
+    _profitable(g, stacked)
     shape = emittable_shape(g.shape(xs[0]))
     k, n = shape[-1], g.shape(ws[0])[0] if isinstance(ws[0], fx.Node) else g.view.gm.get_parameter(ws[0].target).shape[0]
     if not is_int(n) or k == -1:
@@ -131,6 +173,11 @@ def batch_linear(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     x = b.stack(xs, 0)
     if len(shape) != 2:
         x = b.reshape(x, [len(xs), -1, k])
+    if packed:
+        y = _call_op(b, _ops().packed_linear.default, x, [b.value(w) for w in ws], [b.value(v) for v in bs] if has_bias else [])
+        if len(shape) != 2:
+            y = b.reshape(y, [len(xs)] + shape[:-1] + [n])
+        return _unbind_results(g, b, y)
     wt = b.permute(b.stack([b.value(w) for w in ws], 0), [0, 2, 1])
     if has_bias:
         bias = b.unsqueeze(b.stack([b.value(v) for v in bs], 0), 1)
@@ -317,6 +364,10 @@ def batch_mm(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     """
     a = [c.input for c in g.members]
     m2 = [c.args["mat2"] for c in g.members]
+    p, m = g.shape(a[0]) or (None, None)
+    q = (g.shape(m2[0]) or (None, None))[1]
+    if None not in (p, m, q) and long_reduction(len(a), size_hint(p), size_hint(m), size_hint(q)):
+        g.decline(f"a long reduction (k={size_hint(m)} for {size_hint(p)}x{size_hint(q)} outputs): one batched matmul runs slower than its members (see unbatch_long_reduction_bmm)")
     lists = [a, m2]
     if g.op == "addmm":
         lists.append([c.args["bias"] for c in g.members])
@@ -365,3 +416,56 @@ def transpose_bmm_for_gradient_layout(m: Any, b: Any) -> fx.Node:
     against the parameters' (K, 1); ``bmm(dy.mT, x)`` gives the same values row-major.
     """
     return b.bmm(b.permute(m.b, [0, 2, 1]), b.permute(m.a, [0, 2, 1]))
+
+
+# ------------------------------------------------------- long reductions (backward)
+#: A batched matmul whose reduction is this long and this much longer than its outputs'
+#: sides is unbatched (below). Measured on the H200 (docs/results/h200-zoo-run3/4): the
+#: weight gradients of interformer's 8 batched linears, bmm (8, 64..192, 33792) @ (8, 33792,
+#: 64..128), ran in cuBLAS's 32x32-tile batched kernel at ~790 us each (4.7 ms per step,
+#: 6 calls), where Inductor's 75 per-linear weight-gradient mm's of the same model took
+#: 0.8 ms in all; towers32's and splitcat's (32, 64, 512) @ (32, 512, 64) stayed fast
+#: (~15 us for what 32 mm's do in ~120 us).
+LONG_REDUCTION = 4096
+LONG_REDUCTION_RATIO = 64
+MAX_UNBATCH = 64
+
+
+def long_reduction(batch: int, p: int, k: int, q: int) -> bool:
+    """Is ``batch`` products of (p x k) @ (k x q) a reduction too long to batch? Each
+    output tile of one batched kernel then loops over all of k while few tiles exist
+    (batch * p * q is small): the GPU idles where per-product matmuls split k."""
+    return batch <= MAX_UNBATCH and k >= LONG_REDUCTION and k >= LONG_REDUCTION_RATIO * max(p, q)
+
+
+def _is_long_reduction(m: Any) -> bool:
+    """the batched product is not a long reduction over few outputs (or its batch is not static)"""
+    a, b = m.view.shape(m.a), m.view.shape(m.b)
+    if a is None or b is None or len(a) != 3 or len(b) != 3:
+        return False
+    batch = concrete_int(a[0])
+    return batch is not None and long_reduction(batch, size_hint(a[1]), size_hint(a[2]), size_hint(b[2]))
+
+
+def _not_awaiting_gradient_layout(m: Any) -> bool:
+    """transpose_bmm_for_gradient_layout transposes this product first (its result is handed back transposed)"""
+    users = list(m.anchor.node.users)
+    if len(users) != 1 or not m.view.outputs_are_gradients():
+        return True
+    call = m.view.classify(users[0])
+    return not (call is not None and call.op == "permute" and list(call.args.get("dims", ())) == [0, 2, 1])
+
+
+@rule(Op("bmm", Var("a"), Var("b")), where=[_is_long_reduction, _not_awaiting_gradient_layout], kind="horizontal", levels=("aten_ir",), priority=50)
+def unbatch_long_reduction_bmm(m: Any, b: Any) -> fx.Node:
+    """A batched matmul with a long reduction and small outputs runs as one matmul per
+    batch entry: each can split its reduction across the GPU, one batched kernel cannot.
+
+    bmm(a, b) -> stack([mm(a[i], b[i]) for i in range(batch)])
+
+    This is the weight gradient of ``batch_linear`` over many tokens, (G, N, tokens) @
+    (G, tokens, K); the stack folds away when its users unbind it (unbind_stack_to_view),
+    so each gradient is its own mm's output, in its parameter's layout. ``batch_mm``
+    declines groups that this rule would take apart again (the same ``long_reduction``).
+    """
+    return b.stack([b.mm(x, y) for x, y in zip(b.unbind(m.a, 0), b.unbind(m.b, 0))], 0)

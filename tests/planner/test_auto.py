@@ -131,8 +131,8 @@ def test_the_context_reads_cuda_graphs_training_and_autotune_from_the_compile():
 
 def test_auto_is_opt_in_and_the_report_shows_the_planner():
     assert oc.DEFAULT_PASSES == "all"  # until the planner meets its H200 targets (docs/planner.md)
-    model = towers(4, 16, 16, consume=False)
-    xs = [torch.randn(16, 16) for _ in range(4)]
+    model = towers(8, 16, 16, consume=False)  # 8 linears: the rule's own launch count takes them, the planner judges
+    xs = [torch.randn(16, 16) for _ in range(8)]
     compiled = optimus.compile(model, passes="auto")
     got = compiled(*xs)
     for g, w in zip(got, model(*xs)):
@@ -283,3 +283,16 @@ def test_cuda_graphs_leave_out_the_rules_that_emit_our_custom_ops():
 def test_tune_needs_the_planner():
     with pytest.raises(ValueError, match="tune=True measures the planner's candidate plans"):
         optimus.compile(torch.nn.Linear(2, 2), passes="all", tune=True)
+
+
+def test_the_planner_never_takes_a_group_the_rule_declines():
+    """The rules' own checks run under "auto" too: 4 linears on separate inputs, weights
+    and biases stack into 4 kernels where 4 ran (the launch count declines), so the
+    planner is never asked, however cheap its estimate."""
+    model = towers(4, 16, 16, consume=False)
+    xs = [torch.randn(16, 16) for _ in range(4)]
+    gm, report = _optimize(model, xs, Planner(Context("cuda"), profile=H200ISH, memory_increase=100.0))
+    assert _ops(gm).count("linear") == 4
+    assert not [d for g in report.graphs for d in g.decisions if d["rule"] == "batch_linear"]
+    reasons = [r for g in report.graphs for r in g.rules["batch_linear"].declined]
+    assert any("4 kernels would become 4" in r for r in reasons), reasons
