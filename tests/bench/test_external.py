@@ -18,6 +18,10 @@ from optimus.bench import accuracy, cli, external, harness, results
 FAST = ["--device", "cpu", "--size", "small", "--iters", "2", "--warmup", "0", "--warm-cache"]
 # Rules that only tidy a graph; a rewrite that changes the computation is something else.
 HOUSEKEEPING = {"dead_code_elimination"}
+# One Hugging Face and one TorchRec model by default (each compile takes 15-20 s on 2 cores);
+# the others run with -m slow.
+DEFAULT_COMPILED = {"hf_bert", "torchrec_dlrm"}
+COMPILED = [pytest.param(n, marks=() if n in DEFAULT_COMPILED else pytest.mark.slow) for n in external.EXTERNAL]
 
 
 def needs(name: str) -> None:
@@ -60,7 +64,7 @@ def test_builds_deterministically_and_trains_in_eager(name: str) -> None:
     assert torch.allclose(b.exact_loss(out64).float(), loss.detach(), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("name", list(external.EXTERNAL))
+@pytest.mark.parametrize("name", COMPILED)
 def test_optimus_training_step_matches_eager(name: str, optimus_train_rows: dict[str, dict]) -> None:
     needs(name)
     row = optimus_train_row(name, optimus_train_rows)
@@ -72,7 +76,7 @@ def test_optimus_training_step_matches_eager(name: str, optimus_train_rows: dict
     assert row["kernels"] > 0 and row["step_ms"] > 0
 
 
-@pytest.mark.parametrize("name", list(external.EXTERNAL))
+@pytest.mark.parametrize("name", COMPILED)
 def test_optimus_rewrites_them(name: str, optimus_train_rows: dict[str, dict]) -> None:
     needs(name)
     row = optimus_train_row(name, optimus_train_rows)
