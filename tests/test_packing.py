@@ -19,17 +19,8 @@ import torch.nn as nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 import optimus
+from optimus.models.towers import Tower  # Linear -> LayerNorm -> ReLU
 from optimus.packing import find_groups, packed_slot
-
-
-class Tower(nn.Module):
-    def __init__(self, d_in: int, d_out: int) -> None:
-        super().__init__()
-        self.linear = nn.Linear(d_in, d_out)
-        self.norm = nn.LayerNorm(d_out)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(self.norm(self.linear(x)))
 
 
 class Towers(nn.Module):
