@@ -41,10 +41,11 @@ from typing import Any, Hashable, Sequence
 import torch
 import torch.fx as fx
 
+from .. import kernels  # noqa: F401  (importing registers the optimus:: custom ops)
 from ..core.group import Group, group_rule
 from ..core.rule import Builder
 from ..core.view import GraphView, is_int
-from ..core.vocab import Call, ParamRef
+from ..core.vocab import Call, ParamRef, register_extern_op
 
 MAX_PACK_BYTES = 256 * 2**20
 
@@ -63,14 +64,13 @@ TRAINING_GRAPH = (
 )
 
 
+# The kernels' custom ops, emitted through the builder like any op of the vocabulary
+# (their fake implementations give the new nodes' metadata).
+register_extern_op("grouped_linear", torch.ops.optimus.grouped_linear.default)
+register_extern_op("batched_layer_norm", torch.ops.optimus.batched_layer_norm.default)
+
+
 # ------------------------------------------------------------------------ helpers
-def _ops() -> Any:
-    """``torch.ops.optimus`` with the kernels' custom ops registered (imported on first use)."""
-    from .. import kernels  # noqa: F401  (importing registers the optimus:: ops)
-
-    return torch.ops.optimus
-
-
 def _static_shape(view: GraphView, value: Any) -> tuple[int, ...] | None:
     """The value's shape if every size is a plain, non-zero int (the ops take int lists;
     empty members are left to the ops they are)."""
@@ -100,20 +100,6 @@ def _kernel_dtype(view: GraphView, value: Any) -> torch.dtype | None:
     else:
         dt = view.dtype(value)
     return dt if dt in _KERNEL_DTYPES else None
-
-
-def _call_op(b: Builder, target: Any, *args: Any) -> fx.Node:
-    """Emit ``target(*args)`` (a custom op, outside the canonical vocabulary) through the
-    builder: placed after its inputs, metadata from the op's fake implementation, and
-    erased with the builder's other nodes if the rewrite is rolled back."""
-    view = b.graph_view
-    args = tuple(b.value(a) for a in args)
-    b._place_after_inputs({"args": list(args)})
-    with b.graph.inserting_before(b.point):
-        node = b.graph.create_node("call_function", target, args, {})
-    b.new_nodes.append(node)
-    view.infer_meta(node)
-    return node
 
 
 def _flat(b: Builder, value: Any) -> fx.Node:
@@ -197,7 +183,7 @@ def _emit_grouped_linear(g: Group, b: Builder, xs: list[Any], ws_nk: list[Any], 
     packed_x = _pack(b, xs)
     packed_w = _pack(b, ws_nk)
     packed_b = b.cat([b.value(v) for v in bs], 0) if bs is not None and len(bs) > 1 else (b.value(bs[0]) if bs else None)
-    out = _call_op(b, _ops().grouped_linear.default, packed_x, packed_w, packed_b, ms, ks, ns, act or "none")
+    out = b.emit("grouped_linear", packed_x, packed_w, packed_b, ms, ks, ns, act or "none")
     y = b.getitem(out, 0)
     results = _unpack(b, y, [tuple(s[:-1]) + (n,) for s, n in zip(x_shapes, ns)])
     olds = act_nodes if act_nodes is not None else g.nodes
@@ -359,7 +345,7 @@ def batched_layer_norm(g: Group, b: Builder) -> dict[fx.Node, fx.Node]:
     packed_x = _pack(b, xs)
     packed_w = _pack(b, ws) if ws is not None else None
     packed_b = _pack(b, bs) if bs is not None else None
-    out = _call_op(b, _ops().batched_layer_norm.default, packed_x, packed_w, packed_b, rows, widths, float(a0["eps"]))
+    out = b.emit("batched_layer_norm", packed_x, packed_w, packed_b, rows, widths, float(a0["eps"]))
     results = _unpack(b, b.getitem(out, 0), shapes)  # type: ignore[arg-type]
     return dict(zip(g.nodes, results))
 

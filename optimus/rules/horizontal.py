@@ -12,18 +12,21 @@ from __future__ import annotations
 
 from typing import Any, Hashable
 
+import torch
 import torch.fx as fx
 
+from .. import kernels  # noqa: F401  (importing registers the optimus:: custom ops)
 from ..core.group import Group, group_rule
 from ..core.pattern import Lit, Op, Var
 from ..core.rule import rule
 from ..core.symbolic import concrete_int, is_symbolic, known_eq, known_sizes_eq, size_hint, sym_key
 from ..core.view import GraphView, is_int
-from ..core.vocab import POINTWISE, Call, ParamRef
+from ..core.vocab import POINTWISE, Call, ParamRef, register_extern_op
 from ._facts import emittable_shape, part_of, segment_of
-from .grouped_kernels import _call_op, _ops
 
 MAX_STACK_BYTES = 256 * 2**20
+
+register_extern_op("packed_linear", torch.ops.optimus.packed_linear.default)  # batch_linear on packed weights
 
 
 # ------------------------------------------------------------------------ helpers
@@ -174,7 +177,7 @@ def batch_linear(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     if len(shape) != 2:
         x = b.reshape(x, [len(xs), -1, k])
     if packed:
-        y = _call_op(b, _ops().packed_linear.default, x, [b.value(w) for w in ws], [b.value(v) for v in bs] if has_bias else [])
+        y = b.emit("packed_linear", x, ws, bs if has_bias else [])
         if len(shape) != 2:
             y = b.reshape(y, [len(xs)] + shape[:-1] + [n])
         return _unbind_results(g, b, y)
