@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 
+from optimus.measure import median_step_ms
 from optimus.rules.horizontal import long_reduction
 
 SHAPES = [
@@ -28,21 +28,6 @@ SHAPES = [
 ]
 
 
-def _time(fn, reps: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", required=True)
@@ -53,8 +38,8 @@ def main() -> None:
         # the layouts of the backward graph: a = dy.mT (a transposed view), b contiguous
         a = torch.randn(g, k, p, device="cuda").transpose(1, 2)
         b = torch.randn(g, k, q, device="cuda")
-        batched = _time(lambda: torch.bmm(a, b))
-        per_entry = _time(lambda: [torch.mm(a[i], b[i]) for i in range(g)])
+        batched = median_step_ms(lambda: torch.bmm(a, b), "cuda", warmup=3, iters=20) * 1e3
+        per_entry = median_step_ms(lambda: [torch.mm(a[i], b[i]) for i in range(g)], "cuda", warmup=3, iters=20) * 1e3
         rows.append({"what": what, "batch": g, "p": p, "k": k, "q": q, "bmm_us": batched, "mm_per_entry_us": per_entry,
                      "unbatched_by_rule": long_reduction(g, p, k, q)})
     meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name(), "tf32": False,

@@ -19,13 +19,9 @@ timeout 70 python -m optimus.bench $D --json $OUT/static.json > $OUT/static.log 
 timeout 70 python -m optimus.bench $D --dynamic --json $OUT/dynamic.json > $OUT/dynamic.log 2>&1 &
 wait
 python - <<PY
-import json
-def rows(p):
-    try:
-        return json.load(open(p))["rows"]
-    except Exception as e:
-        print("cannot read", p, e); return {}
-f = lambda v, p=1: "-" if v is None else (f"{v:.{p}f}" if isinstance(v, float) else str(v))
+import sys
+sys.path.insert(0, "docs/results")
+from compare_dynamic import fmt as f, rows
 t = rows("$OUT/train.json")
 print(f"{'train row':34} {'kernels':>8} {'ms':>8} {'x ind':>6} {'MiB':>7}  parity / error")
 for k in sorted(t):
@@ -33,17 +29,6 @@ for k in sorted(t):
     x = ind / r["step_ms"] if ind and r.get("step_ms") else None
     mem = r.get("peak_memory_bytes")
     print(f"{k:34} {f(r.get('kernels')):>8} {f(r.get('step_ms'), 2):>8} {f(x, 2):>6} {f(mem / 2**20 if mem else None, 0):>7}  {(r.get('parity') or {}).get('ok')} {r.get('error') or ''}")
-s, d = rows("$OUT/static.json"), rows("$OUT/dynamic.json")
-out = []
-print(f"{'dynamic row':34} {'kern st':>8} {'kern dyn':>8} {'ratio':>6} {'ms st':>8} {'ms dyn':>8} {'ratio':>6}  parity")
-for k in sorted(set(s) | set(d)):
-    a, b = s.get(k, {}), d.get(k, {})
-    ka, kb, ta, tb = a.get("kernels"), b.get("kernels"), a.get("step_ms"), b.get("step_ms")
-    kr = kb / ka if ka and kb else None
-    tr = tb / ta if ta and tb else None
-    out.append({"row": k, "kernels_static": ka, "kernels_dynamic": kb, "step_ms_static": ta, "step_ms_dynamic": tb,
-                "kernel_ratio": kr, "time_ratio": tr, "parity_dynamic": b.get("parity"), "error_dynamic": b.get("error")})
-    print(f"{k:34} {f(ka):>8} {f(kb):>8} {f(kr, 2):>6} {f(ta, 3):>8} {f(tb, 3):>8} {f(tr, 2):>6}  {(b.get('parity') or {}).get('ok')} {b.get('error') or ''}")
-json.dump(out, open("$OUT/dynamic-compare.json", "w"), indent=1)
 PY
+python docs/results/compare_dynamic.py $OUT/static.json $OUT/dynamic.json $OUT/dynamic-compare.json
 cat $OUT/bmm.log | tail -8

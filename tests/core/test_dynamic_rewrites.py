@@ -106,6 +106,16 @@ def _step(model: torch.nn.Module, inputs: list[torch.Tensor], training: bool) ->
     return out.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
 
+def _same_at_two_batches(compiled: Any, first: list, second: list, expected: list, training: bool, atol: float) -> None:
+    """``compiled`` gives ``expected`` at both batches, without compiling again for the second."""
+    got = [_step(compiled, first, training)]
+    frames = torch._dynamo.utils.counters["frames"]["ok"]
+    got.append(_step(compiled, second, training))
+    assert torch._dynamo.utils.counters["frames"]["ok"] == frames, "compiled again for another batch size"
+    for g, e in zip(got, expected):
+        assert_close_tree(g, e, rtol=1e-4, atol=atol)
+
+
 def dynamic_parity(name: str, level: str, training: bool) -> list:
     """Zoo model ``name`` (small) rewritten at ``level`` under ``dynamic=True``: outputs
     and parameter gradients equal the unoptimized model's at the zoo batch and at batch
@@ -120,12 +130,7 @@ def dynamic_parity(name: str, level: str, training: bool) -> list:
     expected = [_step(model, first, training), _step(model, second, training)]
     reports: list = []
     compiled = torch.compile(model, backend=_level_backend(level, reports), dynamic=True, fullgraph=True)
-    got = [_step(compiled, first, training)]
-    frames = torch._dynamo.utils.counters["frames"]["ok"]
-    got.append(_step(compiled, second, training))
-    assert torch._dynamo.utils.counters["frames"]["ok"] == frames, "compiled again for another batch size"
-    for g, e in zip(got, expected):
-        assert_close_tree(g, e, rtol=1e-4, atol=1e-5)
+    _same_at_two_batches(compiled, first, second, expected, training, atol=1e-5)
     assert not [e for r in reports for e in r.errors()]
     return reports
 
@@ -241,12 +246,7 @@ def test_dhen_training_with_mark_dynamic_batch_is_not_specialized():
     for t in first:
         torch._dynamo.mark_dynamic(t, 0)
     compiled = optimus.compile(model)
-    got = [_step(compiled, first, True)]
-    frames = torch._dynamo.utils.counters["frames"]["ok"]
-    got.append(_step(compiled, second, True))
-    assert torch._dynamo.utils.counters["frames"]["ok"] == frames, "compiled again for another batch size"
-    for g, e in zip(got, expected):
-        assert_close_tree(g, e, rtol=1e-4, atol=1e-4)
+    _same_at_two_batches(compiled, first, second, expected, True, atol=1e-4)
     report = compiled.optimus_report
     assert not report.errors()
     live = [g for g in report.graphs if not g.discarded]
