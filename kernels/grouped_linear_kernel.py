@@ -38,8 +38,11 @@ Memory plan
   the operand loads of both backward GEMMs (dz is never written to memory).
 * ``ALIGN``: when every row stride and offset is a multiple of 16 bytes the host says so and the
   kernels tell the compiler (``tl.multiple_of``) so operand loads become 16-byte vector loads.
-* ``DOT_F32``: in Triton's CPU interpreter ``tl.dot`` on 16-bit operands is unreliable, so the
-  operands are upcast to fp32 first (set automatically in interpreter mode).
+* ``DOT_F32``: the products run as exact fp32 FMAs (``input_precision="ieee"``, operands upcast
+  to fp32 first).  Set for fp32 operands unless ``torch.backends.cuda.matmul.allow_tf32`` is on,
+  so the kernels follow the precision torch's own fp32 matmuls use (Triton's default for fp32
+  ``tl.dot`` is TF32, about 1e-3 relative error); and always in Triton's CPU interpreter, where
+  ``tl.dot`` on 16-bit operands is unreliable.
 
 Launch count: forward 1; backward 2 GEMM kernels + a memset of the fp32 workspace (+ one cast for
 16-bit dtypes).
@@ -641,6 +644,12 @@ def _grid(sig, kind, meta, dev):
     return (max(1, min(t, _progs(dev, meta["PROGS_PER_SM"]))),)
 
 
+def _dot_f32(dtype):
+    """DOT_F32 for operands of ``dtype``: exact fp32 products unless torch allows TF32 (read at
+    each call, as torch's matmuls read it)."""
+    return _INTERPRET or (dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32)
+
+
 def _launch(kind, sig, args, kwargs, flags):
     """Launch kernel ``kind`` ("fwd", "dx", "dw") over the tiles of ``sig``.
 
@@ -672,28 +681,28 @@ def launch_forward(sig, tab, x, w, b, y, z, act, align):
     """y (and z when given) <- act(x @ W^T + b) for all members.  ``tab``: forward-order table."""
     if sig.tiles(0, 16, 16) == 0:
         return
-    a = ACTIVATIONS[act]
+    a, f32 = ACTIVATIONS[act], _dot_f32(x.dtype)
     _launch("fwd", sig,
             (x, w, b if b is not None else x, y, z if z is not None else y, tab, sig.G, *sig.key[1:]),
-            dict(HAS_BIAS=b is not None, ACT=a, STORE_Z=z is not None, ALIGN=align, DOT_F32=_INTERPRET),
-            (b is not None, a, z is not None, align))
+            dict(HAS_BIAS=b is not None, ACT=a, STORE_Z=z is not None, ALIGN=align, DOT_F32=f32),
+            (b is not None, a, z is not None, align, f32))
 
 
 def launch_dx(sig, tab, dy, aux, w, dx, act, align):
     if sig.tiles(1, 16, 16) == 0:
         return
-    a = ACTIVATIONS[act]
+    a, f32 = ACTIVATIONS[act], _dot_f32(dy.dtype)
     _launch("dx", sig, (dy, aux if aux is not None else dy, w, dx, tab, sig.G, *sig.key[1:]),
-            dict(ACT=a, ALIGN=align, DOT_F32=_INTERPRET), (a, align))
+            dict(ACT=a, ALIGN=align, DOT_F32=f32), (a, align, f32))
 
 
 def launch_dw(sig, tab, dy, aux, x, ws, has_bias, act, align):
     """ws (fp32, zeroed) += [dW | db] for all members."""
     if sig.tiles(2, 16, 16, 1 << 30) == 0:
         return
-    a = ACTIVATIONS[act]
+    a, f32 = ACTIVATIONS[act], _dot_f32(dy.dtype)
     _launch("dw", sig, (dy, aux if aux is not None else dy, x, ws, tab, sig.G, *sig.key[1:]),
-            dict(HAS_BIAS=has_bias, ACT=a, ALIGN=align, DOT_F32=_INTERPRET), (has_bias, a, align))
+            dict(HAS_BIAS=has_bias, ACT=a, ALIGN=align, DOT_F32=f32), (has_bias, a, align, f32))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -122,3 +122,19 @@ def test_steady_state_reuses_tables_gpu():
     torch.cuda.synchronize()
     st = eager._dt.stats()
     assert st["hits"] >= 1 and st["uploads"] + st["hits"] >= 18, st
+
+
+@pytest.mark.parametrize("tf32", [False, True])
+def test_fp32_precision_follows_torch_tf32_flag_gpu(tf32):
+    # Triton's default for an fp32 tl.dot is TF32 (~1e-3 relative error); torch's fp32 matmuls
+    # are exact unless allow_tf32 is on, and the grouped kernels must follow the same flag.
+    dims = [(512, 136, 208), (512, 24, 40), (300, 33, 17)]
+    xs, ws, bs = make_gl(dims, torch.float32, device="cuda", seed=4)
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        errs = check_gl(xs, ws, bs, "relu", 5e-3 if tf32 else 1e-5)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+    if tf32:
+        assert errs["y"] > 1e-5, f"TF32 allowed but the products look exact: {errs}"

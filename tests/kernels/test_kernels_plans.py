@@ -362,3 +362,20 @@ def test_vendor_route_detects_inplace_change_of_viewed_inputs(fresh):
         xs[1].mul_(2.0)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         torch.autograd.grad(ys, ws, [torch.ones(4, 8)] * 3)
+
+
+def test_fp32_products_are_exact_unless_torch_allows_tf32(monkeypatch):
+    # Triton's fp32 tl.dot defaults to TF32; the kernels ask for exact products unless torch's
+    # own flag allows TF32, and always in the interpreter (16-bit dots are unreliable there).
+    glk = __import__(K.__name__ + ".grouped_linear_kernel", fromlist=["grouped_linear_kernel"])
+    assert glk._dot_f32(torch.bfloat16) is True  # interpreter mode (this module's fixture)
+    monkeypatch.setattr(glk, "_INTERPRET", False)
+    prev = torch.backends.cuda.matmul.allow_tf32  # a property of torch's module: set, then restore
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert glk._dot_f32(torch.float32) is True
+        assert glk._dot_f32(torch.bfloat16) is False
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert glk._dot_f32(torch.float32) is False
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
