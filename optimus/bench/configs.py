@@ -47,13 +47,17 @@ def _inductor(mode: str | None = None) -> Callable[..., Callable[..., Any]]:
     return wrap
 
 
-def _optimus(passes: Any, mode: str | None = None, tune: bool = False) -> Callable[..., Callable[..., Any]]:
+def _optimus(
+    passes: Any, mode: str | None = None, tune: bool = False, pack: bool = False
+) -> Callable[..., Callable[..., Any]]:
     def wrap(model: nn.Module, **compile_kwargs: Any) -> Callable[..., Any]:
         import optimus
 
         if mode is not None:
             compile_kwargs["mode"] = mode
-        return optimus.compile(model, passes=passes, fullgraph=True, tune=tune, **compile_kwargs)
+        return optimus.compile(
+            model, passes=passes, fullgraph=True, tune=tune, pack_parameters=pack, **compile_kwargs
+        )
 
     return wrap
 
@@ -168,12 +172,19 @@ CONFIGS: dict[str, BenchConfig] = {
             "optimus-horizontal", "optimus.compile(passes='horizontal')", True, _optimus("horizontal"), _nothing
         ),
         BenchConfig("optimus", "optimus.compile(passes='all')", True, _optimus("all"), _nothing),
-        BenchConfig("optimus-auto", "optimus.compile(passes='auto'): the planner chooses (the default)", True, _optimus("auto"), _nothing),
+        BenchConfig("optimus-auto", "optimus.compile(passes='auto'): the planner chooses", True, _optimus("auto"), _nothing),
         BenchConfig(
             "optimus-auto-tune",
             "optimus.compile(passes='auto', tune=True): the planner measures candidate plans per graph",
             True,
             _optimus("auto", tune=True),
+            _nothing,
+        ),
+        BenchConfig(
+            "optimus-packed",
+            "optimus.compile(passes='all', pack_parameters=True): grouped weights packed once (docs/packing.md)",
+            True,
+            _optimus("all", pack=True),
             _nothing,
         ),
         BenchConfig(
