@@ -85,6 +85,24 @@ def _triton_ok(t: Tensor) -> bool:
 # ------------------------------------------------------------------------------------------------
 # op-level checks (cheap, shape-only: run by the real and the fake implementations)
 # ------------------------------------------------------------------------------------------------
+def _require(cond, message, exc=RuntimeError) -> None:
+    """Raise ``exc(message())`` unless ``cond`` holds.
+
+    ``cond`` is a bool when the op runs (every size an int), and may be a ``SymBool`` in
+    the fake implementation under symbolic shapes (``bag_sizes`` are ``SymInt[]``): then it
+    raises only where the condition is provably false and never adds a guard (a check that
+    needs one would specialize the caller's dynamic dims). What the fake cannot decide, the
+    op itself checks again with ints when it runs."""
+    if isinstance(cond, torch.SymBool):
+        from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+        if not statically_known_true(torch.sym_not(cond)):
+            return
+        cond = False
+    if not cond:
+        raise exc(message())
+
+
 def _check_op(weights, indices, offsets, psw, modes, pads, bag_sizes, sparse, index_counts, fn):
     T = len(weights)
     if T == 0:
@@ -121,12 +139,15 @@ def _check_op(weights, indices, offsets, psw, modes, pads, bag_sizes, sparse, in
     else:
         if len(bag_sizes) != T:
             raise ValueError(f"{fn}: without offsets, bag_sizes needs one entry per table, got {len(bag_sizes)}")
-        if any(v < 0 for v in bag_sizes):
-            raise ValueError(f"{fn}: bag sizes must be >= 0, got {list(bag_sizes)}")
+        for v in bag_sizes:
+            _require(v >= 0, lambda: f"{fn}: bag sizes must be >= 0, got {list(bag_sizes)}", ValueError)
         s = sum(bag_sizes)
-        torch._check(s > 0, lambda: f"{fn}: fixed bag sizes must not all be 0 (pass offsets instead)")
-        torch._check(indices.shape[0] % s == 0,
-                     lambda: f"{fn}: {indices.shape[0]} indices is not B * sum(bag_sizes) = B * {s}")
+        _require(s > 0, lambda: f"{fn}: fixed bag sizes must not all be 0 (pass offsets instead)")
+        # B * sum(bag_sizes) == len(indices), not len(indices) % sum == 0: for symbolic bag
+        # sizes the product expands to the indices' own size (B is their exact quotient),
+        # where the remainder of a sum of symbols does not simplify
+        n = indices.shape[0]
+        _require(n // s * s == n, lambda: f"{fn}: {n} indices is not B * sum(bag_sizes) = B * {s}")
     if psw is not None:
         if psw.dim() != 1 or psw.dtype != w0.dtype:
             raise ValueError(f"{fn}: per_sample_weights must be 1-D with the weights' dtype {w0.dtype}, got "

@@ -43,7 +43,7 @@ import torch
 import torch.fx as fx
 
 from ..core.group import Group, group_rule
-from ..core.symbolic import known_eq, known_sizes_eq
+from ..core.symbolic import concrete_int, is_symbolic, known_eq, known_lt, known_nonneg, known_sizes_eq, sym_key
 from ..core.view import GraphView, getitem_users, is_int
 from ..core.vocab import Call, ParamRef, register_extern_op
 from ..kernels.embedding_ops import MODES
@@ -51,6 +51,10 @@ from ._facts import emittable_shape
 
 GROUPED_OP = "grouped_embedding_bag"
 register_extern_op(GROUPED_OP, torch.ops.optimus.grouped_embedding_bag.default)
+# A symbolic bag size reaches the grouped op's ``SymInt[] bag_sizes`` as a graph value:
+# ``aten.sym_size.int(indices, 1)`` (an FX graph holds a SymInt only as a node's value).
+SYM_SIZE_OP = "sym_size"
+register_extern_op(SYM_SIZE_OP, torch.ops.aten.sym_size.int)
 
 _WEIGHT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -72,7 +76,8 @@ class Lookup:
     offsets: fx.Node | None  # None: fixed bags (2-D indices, or plain embedding: bag size 1)
     per_sample_weights: fx.Node | None
     bags: Any  # number of bags (int or SymInt)
-    bag_size: int  # fixed bags only
+    bag_size: Any  # fixed bags only: int, or SymInt (dim 1 of 2-D indices, or an iota's step)
+    bag_size_node: fx.Node | None  # the graph value holding a symbolic bag size, when there is one
     mode: int  # MODES code
     padding_idx: int  # non-negative row, or -1
     rows: int
@@ -105,18 +110,32 @@ def _grad_flows(view: GraphView, w: Any) -> bool:
     return view.level == "torch_ir" and isinstance(w, torch.Tensor) and w.requires_grad
 
 
-def _fixed_bag_size(view: GraphView, offsets: Any, idx: torch.Tensor, args: dict[str, Any]) -> int | None:
-    """L when ``offsets`` is ``iota(B, start=0, step=L)`` over B * L indices: how Aten-IR spells
-    ``F.embedding_bag`` of 2-D ``[B, L]`` indices (flattened, with generated offsets)."""
+def _fixed_bag_size(view: GraphView, offsets: Any, idx: torch.Tensor, args: dict[str, Any]) -> tuple[Any, fx.Node | None] | None:
+    """(L, the node holding L when it is symbolic) when ``offsets`` is ``iota(B, start=0,
+    step=L)`` over B * L indices: how Aten-IR spells ``F.embedding_bag`` of 2-D ``[B, L]``
+    indices (flattened, with generated offsets). Under ``dynamic=True`` L is a graph value
+    (a ``sym_size`` node) whose value is a ``SymInt``."""
     if not isinstance(offsets, fx.Node) or offsets.target is not torch.ops.prims.iota.default or args.get("include_last_offset"):
         return None
     length = offsets.args[0] if offsets.args else None
     if isinstance(length, fx.Node):  # a symbolic length: its value
         length = view.val(length)
     start, step = offsets.kwargs.get("start"), offsets.kwargs.get("step")
-    if start != 0 or not is_int(step) or step <= 0 or idx.dim() != 1 or not isinstance(length, (int, torch.SymInt)):
+    step_node = step if isinstance(step, fx.Node) else None
+    if step_node is not None:
+        step = view.val(step_node)
+        if not isinstance(step, torch.SymInt):
+            return None
+        if not is_symbolic(step):  # a size Dynamo specialized: its number
+            step, step_node = concrete_int(step), None
+    if start != 0 or idx.dim() != 1 or not isinstance(length, (int, torch.SymInt)):
         return None
-    return step if known_eq(idx.shape[0], length * step) else None
+    if is_int(step):
+        if step <= 0:
+            return None
+    elif not known_nonneg(step - 1):  # a symbolic step: provably >= 1 (a size's range)
+        return None
+    return (step, step_node) if known_eq(idx.shape[0], length * step) else None
 
 
 def lookup_of(call: Call, view: GraphView) -> Lookup | None:
@@ -152,20 +171,23 @@ def lookup_of(call: Call, view: GraphView) -> Lookup | None:
         shape = tuple(idx.shape)
         bags = idx.numel()
         mode, bag_size, out_shape = MODES["embedding"], 1, shape + (dim,)
+        bag_size_node = None
     else:
         mode_name = a.get("mode")
         if mode_name not in ("sum", "mean") and blocker is None:
             blocker = f"mode {mode_name!r}: the grouped op pools by sum or mean"
         mode = MODES.get(mode_name, -1)
+        bag_size_node = None
+        fixed = _fixed_bag_size(view, offsets, idx, a) if offsets is not None else None
         if offsets is None:
             if idx.dim() != 2:
                 return None
-            bags, bag_size = idx.shape
-            if not is_int(bag_size) and blocker is None:
-                blocker = "a bag size that is not a constant"
-        elif _fixed_bag_size(view, offsets, idx, a) is not None:
-            bag_size = _fixed_bag_size(view, offsets, idx, a)
-            bags, offsets = view.tensor_val(offsets).shape[0], None
+            # a symbolic L is passed on as it is (the op takes SymInt[] bag sizes): emitted
+            # as sym_size(indices, 1), never specialized
+            bags, bag_size = view.shape(indices)
+        elif fixed is not None:
+            bag_size, bag_size_node = fixed
+            bags, offsets = view.shape(offsets)[0], None
         else:
             off = view.tensor_val(offsets)
             if off is None or off.dim() != 1 or idx.dim() != 1:
@@ -188,7 +210,7 @@ def lookup_of(call: Call, view: GraphView) -> Lookup | None:
                 blocker = "per-sample weights of unknown or other dtype than the table"
     if out is not None and not known_sizes_eq(tuple(out.shape), out_shape):
         return None
-    return Lookup(call, weight, indices, offsets, psw, bags, bag_size, mode, pad, rows, dim, out_shape, blocker)
+    return Lookup(call, weight, indices, offsets, psw, bags, bag_size, bag_size_node, mode, pad, rows, dim, out_shape, blocker)
 
 
 def _lookup_key(call: Call, view: GraphView) -> Hashable:
@@ -231,6 +253,23 @@ def _fewer_launches(g: Group) -> str | None:
 
 
 # ------------------------------------------------------------------------ replacement
+def _bag_size_args(lks: list[Lookup], b: Any) -> list[Any]:
+    """The op's ``bag_sizes``: ints, and for a symbolic L a graph value holding it (the
+    lookup's own ``sym_size`` / iota step node, else ``sym_size(indices, 1)``, one node per
+    distinct size). No size is ever evaluated, so nothing is specialized."""
+    nodes: dict[Any, Any] = {}
+    out: list[Any] = []
+    for lk in lks:
+        if not is_symbolic(lk.bag_size):
+            out.append(concrete_int(lk.bag_size))
+            continue
+        key = sym_key(lk.bag_size)
+        if key not in nodes:
+            nodes[key] = lk.bag_size_node if lk.bag_size_node is not None else b.emit(SYM_SIZE_OP, lk.indices, 1)
+        out.append(nodes[key])
+    return out
+
+
 @group_rule(
     ("embedding", "embedding_bag"),
     key=_lookup_key,
@@ -260,6 +299,9 @@ def group_embedding_lookups(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
         if _pooled_nodes(lk.call, view) is None:
             g.decline("the backward graph reads a lookup's offset2bag / bag-size outputs")
     fixed = lks[0].offsets is None
+    if fixed and not known_lt(0, sum(lk.bag_size for lk in lks)):
+        # the op sizes its batch as len(indices) // sum(L_t): it needs the sum positive
+        g.decline("fixed bag sizes whose sum is not provably positive")
     flat = [lk.indices if view.rank(lk.indices) == 1 else b.reshape(lk.indices, [-1]) for lk in lks]
     indices = b.cat(flat, 0)
     offsets = None
@@ -285,7 +327,7 @@ def group_embedding_lookups(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
         per_sample_weights=psw,
         modes=[lk.mode for lk in lks],
         padding_idx=[lk.padding_idx for lk in lks],
-        bag_sizes=[lk.bag_size for lk in lks] if fixed else [],
+        bag_sizes=_bag_size_args(lks, b) if fixed else [],
         sparse=[False] * len(lks),
         deterministic=bool(g.options["deterministic"]),
         index_counts=[],
