@@ -43,7 +43,7 @@ import torch
 import torch.fx as fx
 
 from ..core.group import Group, group_rule
-from ..core.symbolic import concrete_int, is_symbolic, known_eq, known_lt, known_nonneg, known_sizes_eq, sym_key
+from ..core.symbolic import concrete_int, fold_exact_floordiv, is_symbolic, known_eq, known_lt, known_nonneg, known_sizes_eq, sym_key
 from ..core.view import GraphView, getitem_users, is_int
 from ..core.vocab import Call, ParamRef, register_extern_op
 from ..kernels.embedding_ops import MODES
@@ -222,7 +222,21 @@ def _lookup_key(call: Call, view: GraphView) -> Hashable:
         return None
     w = _weight_val(view, lk.weight)
     form = "fixed" if lk.offsets is None else "offsets"
-    return ("embedding", str(lk.bags), form, lk.per_sample_weights is not None, str(w.dtype), str(w.device), lk.blocker)
+    return ("embedding", _bags_key(lk.bags), form, lk.per_sample_weights is not None, str(w.dtype), str(w.device), lk.blocker)
+
+
+def _bags_key(bags: Any) -> Any:
+    """The number of bags as a key: lookups whose counts are provably equal share it. At
+    Aten-IR the bags of [B, L] ids count ``ceil(B*L / L) = (B*L + L - 1) // L`` (the iota's
+    length), one expression per symbolic L; exact floor divisions are folded, so every
+    L gives ``B`` (no guard: pure simplification, see ``core.symbolic.fold_exact_floordiv``)."""
+    if not is_symbolic(bags):
+        return concrete_int(bags) if isinstance(bags, torch.SymInt) else bags
+    env = bags.node.shape_env
+    try:
+        return str(fold_exact_floordiv(env, env.simplify(bags.node.expr)))
+    except Exception:  # an expression the folding does not take: the size as it is
+        return str(sym_key(bags))
 
 
 # ------------------------------------------------------------------------- conditions

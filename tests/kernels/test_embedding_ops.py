@@ -363,3 +363,52 @@ def test_torch_compile_list_form_and_sparse_error():
 
     with pytest.raises(Exception, match="sparse gradients are not supported under torch.compile"):
         torch.compile(fs, fullgraph=True, backend="aot_eager")(ws, idx, offs)
+
+
+class _SymbolicBags(torch.nn.Module):
+    """The op called directly on two [B, L_t] index tensors with ``bag_sizes = [L_0, L_1]``
+    (SymInts under dynamic=True); the tables are parameters (static shapes)."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.w0 = torch.nn.Parameter(torch.randn(6, 3, generator=g, dtype=F64))
+        self.w1 = torch.nn.Parameter(torch.randn(4, 5, generator=g, dtype=F64))
+
+    def forward(self, x0, x1):
+        idx = torch.cat([x0.reshape(-1), x1.reshape(-1)])
+        return torch.ops.optimus.grouped_embedding_bag([self.w0, self.w1], idx, None, None, [0, 1], [-1, 2],
+                                                       [x0.shape[1], x1.shape[1]], [False, False], True, [])
+
+
+def test_symbolic_bag_sizes_compile_without_a_guard():
+    """``bag_sizes`` is ``SymInt[]``: under dynamic=True the bag lengths reach the forward and
+    the backward op as symbols, the fake implementations decide B = len(indices) // sum(L)
+    without a guard (the old ``len % sum(L) == 0`` check guarded ``Eq(Mod(s0*s4 + s4*s40,
+    s0 + s40), 0)`` for two lengths), and one compile serves other batch sizes and lengths."""
+    from torch._dynamo.backends.registry import lookup_backend
+
+    envs = []
+
+    def backend(gm, example_inputs):
+        fake = next(v for v in (n.meta.get("example_value") for n in gm.graph.nodes) if isinstance(v, torch.Tensor))
+        envs.append(fake.fake_mode.shape_env)
+        return lookup_backend("aot_eager")(gm, example_inputs)
+
+    torch._dynamo.reset()
+    model = _SymbolicBags()
+    compiled = torch.compile(model, backend=backend, dynamic=True, fullgraph=True)
+    for batch, l0, l1 in [(5, 3, 4), (8, 6, 2)]:
+        g = torch.Generator().manual_seed(batch)
+        x0, x1 = torch.randint(0, 6, (batch, l0), generator=g), torch.randint(0, 4, (batch, l1), generator=g)
+        got = compiled(x0, x1)
+        gw = torch.autograd.grad(got.square().sum(), [model.w0, model.w1])
+        want = torch.cat([F.embedding_bag(x0, model.w0, mode="sum"),
+                          F.embedding_bag(x1, model.w1, mode="mean", padding_idx=2)], 1)
+        ew = torch.autograd.grad(want.square().sum(), [model.w0, model.w1])
+        torch.testing.assert_close(got, want, rtol=TOL[F64], atol=TOL[F64])
+        for a, b in zip(gw, ew):
+            torch.testing.assert_close(a, b, rtol=TOL[F64], atol=TOL[F64])
+    assert len(envs) == 1, "compiled again for other bag sizes"
+    assert [str(g.expr) for g in envs[0].guards] == []
+    assert all(not isinstance(v, int) and not getattr(v, "is_number", False) for v in envs[0].replacements.values())
