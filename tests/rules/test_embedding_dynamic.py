@@ -210,3 +210,40 @@ def test_marked_dynamic_batch_and_bag_lengths_stay_dynamic():
     ConstraintViolationError; none does, and the second sizes run the same graph."""
     optimized, plain = run_both("torch_ir", training=True, mark_dynamic=True)
     assert_grouped_without_a_guard(optimized, plain)
+
+
+@pytest.mark.slow  # two Inductor CPU compiles (forward and backward C++ kernels): ~1 min on the shared machine
+def test_optimus_compile_dynamic_true_through_inductor():
+    """End to end: ``optimus.compile(dynamic=True)`` against ``torch.compile(dynamic=True)``
+    (Inductor both), training: the grouped op runs as Inductor's extern kernel with the bag
+    lengths read from the inputs' sizes at run time; outputs and gradients equal at two B and
+    two L, neither compiles again, the report has the one grouped lookup."""
+    from torch._inductor import config as inductor_config
+
+    results = []
+    recompiles = []
+    report = None
+    with inductor_config.patch(fx_graph_cache=False):
+        for optimized in (True, False):
+            torch._dynamo.reset()
+            model = DlrmLookups()
+            if optimized:
+                compiled = optimus.compile(model, dynamic=True, fullgraph=True)
+            else:
+                compiled = torch.compile(model, dynamic=True, fullgraph=True)
+            got = []
+            for sizes in SIZES:
+                got.append(step(compiled, list(model.parameters()), dlrm_inputs(*sizes), training=True))
+                if sizes is SIZES[0]:
+                    frames = torch._dynamo.utils.counters["frames"]["ok"]
+            recompiles.append(torch._dynamo.utils.counters["frames"]["ok"] - frames)
+            results.append(got)
+            if optimized:
+                report = compiled.optimus_report
+    for a_step, b_step in zip(*results):
+        for a, b in zip(a_step, b_step):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    assert recompiles == [0, 0]
+    graphs = [g for g in report.graphs if not g.discarded and RULE in g.rules]
+    assert sum(g.rules[RULE].matched for g in graphs) == 1, [dict(g.rules[RULE].declined) for g in graphs]
+    assert not report.errors()
