@@ -4,8 +4,16 @@ Custom ops (namespace ``optimus``; tensors and int/bool lists only, so the ops t
 FakeTensor / AOTAutograd / Inductor)::
 
     optimus::grouped_embedding_bag(Tensor[] weights, Tensor indices, Tensor? offsets,
-            Tensor? per_sample_weights, int[] modes, int[] padding_idx, int[] bag_sizes,
+            Tensor? per_sample_weights, SymInt[] modes, SymInt[] padding_idx, SymInt[] bag_sizes,
             bool[] sparse, bool deterministic, SymInt[] index_counts) -> Tensor out
+
+    (``torch.library.custom_op`` infers ``SymInt[]`` for every ``List[int]`` argument, on torch
+    2.11, 2.13 and 2.15.)  ``bag_sizes`` may hold symbolic sizes under ``torch.compile(dynamic=True)``:
+    the bag length L of [B, L] indices is then a symbol, which the rule passes as a graph value
+    (``aten.sym_size.int``).  The fake implementations never add a guard on them (``_require``:
+    a check raises only where it is provably false; B = len(indices) // sum(L) simplifies to the
+    batch symbol); the real implementations (CPU, Triton) get plain ints when the graph runs and
+    check everything again.
 
         weights[t]: [N_t, D_t], one dtype (fp16 / bf16 / fp32; fp64 on the plain-torch path) and
             device, contiguous
@@ -28,8 +36,8 @@ FakeTensor / AOTAutograd / Inductor)::
             col_t = D_0 + ... + D_{t-1}; empty bags give zeros.
 
     optimus::grouped_embedding_bag_backward(Tensor grad_out, Tensor[] weights, Tensor indices,
-            Tensor? offsets, Tensor? per_sample_weights, int[] modes, int[] padding_idx,
-            int[] bag_sizes, bool[] sparse, bool deterministic, SymInt[] index_counts,
+            Tensor? offsets, Tensor? per_sample_weights, SymInt[] modes, SymInt[] padding_idx,
+            SymInt[] bag_sizes, bool[] sparse, bool deterministic, SymInt[] index_counts,
             bool[] need_weight_grad, bool need_psw_grad)
             -> (Tensor dense, Tensor sparse_values, Tensor sparse_rows, Tensor psw_grad)
 

@@ -30,7 +30,13 @@ weights of a dtype the op does not take, offsets-form lookups whose index count 
 (data-dependent: the packed offsets need each table's count), and groups whose launches would
 not drop. Tables of different dtypes or devices never share a group (the key separates them).
 A table shared by two lookups is handled: it appears twice in the op's table list and
-autograd adds its two gradients. Mixed int32 / int64 index tensors are handled: packing them
+autograd adds its two gradients.
+
+Symbolic sizes (``torch.compile(dynamic=True)``): the batch and the bag length L of [B, L]
+indices are symbols. The op's ``bag_sizes`` are ``SymInt[]``: a symbolic L is passed as a
+graph value (``aten.sym_size.int(indices, 1)`` at Torch-IR; Aten-IR's iota step, which is
+already one), so nothing is specialized; lookups are keyed by their bag count with exact
+floor divisions folded (Aten-IR's ``ceil(B*L / L)`` is ``B`` for every L). Mixed int32 / int64 index tensors are handled: packing them
 with one ``cat`` promotes them to int64.
 """
 

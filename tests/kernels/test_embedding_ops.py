@@ -381,6 +381,13 @@ class _SymbolicBags(torch.nn.Module):
                                                        [x0.shape[1], x1.shape[1]], [False, False], True, [])
 
 
+def test_bag_sizes_are_symint_lists_in_both_schemas():
+    """What lets the rule pass a symbolic bag length: both ops take ``SymInt[] bag_sizes``
+    (custom_op infers it from ``List[int]``; a torch that inferred ``int[]`` would fail here)."""
+    for op in (torch.ops.optimus.grouped_embedding_bag.default, torch.ops.optimus.grouped_embedding_bag_backward.default):
+        assert "SymInt[] bag_sizes" in str(op._schema), op._schema
+
+
 def test_symbolic_bag_sizes_compile_without_a_guard():
     """``bag_sizes`` is ``SymInt[]``: under dynamic=True the bag lengths reach the forward and
     the backward op as symbols, the fake implementations decide B = len(indices) // sum(L)
