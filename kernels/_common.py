@@ -28,6 +28,7 @@ __all__ = [
     "num_sms",
     "next_pow2",
     "cdiv",
+    "torch_allows_tf32",
 ]
 
 # activation name -> code used by the kernels (constexpr ACT)
@@ -118,6 +119,23 @@ def num_sms(device: torch.device) -> int:
     if n is None:
         n = _sms[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
     return n
+
+
+def torch_allows_tf32() -> bool:
+    """Whether torch's own fp32 CUDA matmuls may run in TF32 right now (read at each call).
+
+    torch >= 2.9 has two APIs for this flag: the legacy ``torch.backends.cuda.matmul.allow_tf32``
+    and ``torch.backends.cuda.matmul.fp32_precision`` ("ieee" / "tf32"; "none" inherits
+    ``torch.backends.fp32_precision``, the getter returns the resolved value).  Once TF32 was set
+    through the new one, *reading* ``allow_tf32`` raises RuntimeError ("mix of the legacy and
+    new APIs"), so the new getter is read first; ``allow_tf32`` only on a torch without it.
+    """
+    matmul = torch.backends.cuda.matmul
+    try:
+        precision = matmul.fp32_precision
+    except AttributeError:  # pragma: no cover - torch < 2.9
+        return bool(matmul.allow_tf32)
+    return precision == "tf32"
 
 
 def next_pow2(n: int) -> int:

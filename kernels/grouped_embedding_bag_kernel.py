@@ -268,13 +268,16 @@ def _walk_tile(w_ptr, idx_ptr, off_ptr, psw_ptr, dout_ptr, ws_ptr, key_ptr, bag_
     rbase = tl.load(row + C_RBASE)
     is_sp = tl.load(row + C_SPARSE) != 0
     sumd = SUMD
+    dense = goff >= 0
+    # goff is -1 for tables without a dense gradient: clamp before the hint (a false multiple_of is
+    # undefined behaviour on the GPU; the interpreter ignores hints, so no CPU test would notice)
+    goff = tl.maximum(goff, 0)
     if ALIGN > 1:
         D = tl.multiple_of(D, ALIGN)
         w_off = tl.multiple_of(w_off, ALIGN)
         col = tl.multiple_of(col, ALIGN)
         sumd = tl.multiple_of(sumd, ALIGN)
         goff = tl.multiple_of(goff, ALIGN)
-    dense = goff >= 0
     bags = bblk * BB + tl.arange(0, BB)
     bmask = bags < B
     s, e = _bag_bounds(off_ptr, row, t, bags, bmask, B, NIDX, HAS_OFFSETS)
@@ -423,6 +426,7 @@ def _emb_seg_kernel(skey_ptr, perm_ptr, bag_ptr, scale_ptr, dout_ptr, grad_ptr, 
     rbase = tl.load(row + C_RBASE, mask=seg, other=0)
     r = k - rbase
     seg = seg & (r >= 0) & (r < N) & (goff >= 0)
+    goff = tl.maximum(goff, 0)  # -1 in the lanes seg masks off: no false multiple_of hint below
     maxd = tl.reduce(tl.where(seg, D, 0), 0, _MAX)
     sumd = SUMD
     if ALIGN > 1:  # every dim, column and gradient offset is a multiple of ALIGN: vector loads / stores
