@@ -9,6 +9,7 @@ when a kernel is *defined*, so the environment at first use is what counts.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -29,6 +30,7 @@ __all__ = [
     "next_pow2",
     "cdiv",
     "torch_allows_tf32",
+    "device_guard",
 ]
 
 # activation name -> code used by the kernels (constexpr ACT)
@@ -136,6 +138,21 @@ def torch_allows_tf32() -> bool:
     except AttributeError:  # pragma: no cover - torch < 2.9
         return bool(matmul.allow_tf32)
     return precision == "tf32"
+
+
+_NO_GUARD = contextlib.nullcontext()
+
+
+def device_guard(device: torch.device):
+    """A context that makes ``device`` the current CUDA device while a kernel is launched.
+
+    Triton launches on the *current* device and its current stream, not on the device of the
+    tensors (Inductor's generated code sets a device guard; the eager path and direct calls do
+    not).  With tensors on ``cuda:1`` while ``cuda:0`` is current, a launch would run on the wrong
+    GPU with foreign pointers.  A no-op context (no device switch) in the common case."""
+    if device.type != "cuda" or device.index is None or device.index == torch.cuda.current_device():
+        return _NO_GUARD
+    return torch.cuda.device(device.index)
 
 
 def next_pow2(n: int) -> int:

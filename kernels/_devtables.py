@@ -52,6 +52,9 @@ def capturing(device: torch.device) -> bool:
     """True while the current CUDA stream of ``device`` is being captured into a CUDA graph."""
     if device.type != "cuda":
         return False
+    if device.index is not None and device.index != torch.cuda.current_device():
+        with torch.cuda.device(device.index):  # the query is about the current device's stream
+            return torch.cuda.is_current_stream_capturing()
     return torch.cuda.is_current_stream_capturing()
 
 

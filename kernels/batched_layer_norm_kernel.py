@@ -35,6 +35,10 @@ Memory plan
 * ``ALIGN``: 16-byte alignment of every row (all D_g and offsets multiples of 16 bytes) lets the
   compiler use 16-byte vector loads and stores.
 
+Compiled (GPU) numerics: statistics and all arithmetic in fp32, two-pass variance; the backward is
+deterministic (no atomics).  ``rsqrt`` and ``/`` compile to the GPU's approximate forms (a few
+ulps; torch's own CUDA layer norm uses ``rsqrtf`` too), the interpreter computes with NumPy.
+
 Launch count: forward 1; backward 2.
 """
 
@@ -49,7 +53,7 @@ import triton.language as tl
 
 from . import _devtables as _dt
 from . import reference as ref
-from ._common import cdiv, interpret_mode, num_sms
+from ._common import cdiv, device_guard, interpret_mode, num_sms
 
 NCOL = 16
 L_D = tl.constexpr(0)
@@ -602,6 +606,11 @@ _VIA_TUNER = object()
 
 
 def _run(which, tuned, raw, grid, args, kwargs, key):
+    with device_guard(args[0].device):
+        _run_on_device(which, tuned, raw, grid, args, kwargs, key)
+
+
+def _run_on_device(which, tuned, raw, grid, args, kwargs, key):
     if _INTERPRET:
         raw[grid](*args, **kwargs, num_warps=1)
         return
@@ -662,11 +671,12 @@ def launch_backward(sig, gtab, x, dy, dx, w, stats, dw, db, has_b, align):
     if (has_w or has_b) and sig.max_d > 0:
         bc = 512 if _INTERPRET else 128
         grid = (sig.G, cdiv(sig.max_d, bc))
-        _ln_reduce_kernel[grid](
-            part, dw if has_w else part, db if has_b else part, gtab, sig.tot_p,
-            HAS_W=has_w, HAS_B=has_b, BLOCK_J=8 if _INTERPRET else 32, BLOCK_C=bc,
-            num_warps=1 if _INTERPRET else 4,
-        )
+        with device_guard(dev):
+            _ln_reduce_kernel[grid](
+                part, dw if has_w else part, db if has_b else part, gtab, sig.tot_p,
+                HAS_W=has_w, HAS_B=has_b, BLOCK_J=8 if _INTERPRET else 32, BLOCK_C=bc,
+                num_warps=1 if _INTERPRET else 4,
+            )
 
 
 def forward_packed(x, w, b, rows, widths, eps):

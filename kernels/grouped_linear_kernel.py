@@ -44,6 +44,19 @@ Memory plan
   ``tl.dot`` is TF32, about 1e-3 relative error); and always in Triton's CPU interpreter, where
   ``tl.dot`` on 16-bit operands is unreliable.
 
+Compiled (GPU) numerics vs the interpreter
+------------------------------------------
+* 16-bit operands: tensor-core products, fp32 accumulation (``acc`` is fp32); dz is rounded to the
+  input dtype before the backward GEMMs, as autograd's own 16-bit backward does.
+* dW / db with ``SPLIT`` below M_g: the row chunks meet in fp32 ``atomic_add`` in arrival order,
+  so dW and db are not bitwise reproducible run to run (differences at fp32 rounding level, far
+  below the 16-bit output rounding); forward and dX are deterministic.
+* Transcendentals: on NVIDIA GPUs Triton lowers fp32 ``tl.exp`` to ``ex2.approx`` and ``/`` to
+  ``div.full`` (a few ulps, as Inductor's generated kernels); ``tl.math.erf`` (gelu) is libdevice.
+  The interpreter computes with NumPy.  The tanh epilogue avoids ``2 / (1 + exp(-2z)) - 1``, which
+  cancels near 0 on both.
+* Offsets: int32 inside a member, int64 member bases; see ``MAX_MEMBER_ELEMS`` for the limits.
+
 Launch count: forward 1; backward 2 GEMM kernels + a memset of the fp32 workspace (+ one cast for
 16-bit dtypes).
 """
@@ -60,7 +73,8 @@ import triton.language as tl
 
 from . import _devtables as _dt
 from . import reference as ref
-from ._common import ACTIVATIONS, NEEDS_PREACT, cdiv, interpret_mode, next_pow2, num_sms, torch_allows_tf32
+from ._common import (ACTIVATIONS, NEEDS_PREACT, cdiv, device_guard, interpret_mode, next_pow2, num_sms,
+                      torch_allows_tf32)
 
 # ---------------------------------------------------------------------------------------------
 # metadata table layout: int64 [G, NCOL], one row per member
@@ -108,8 +122,23 @@ def _act_fwd(z, ACT: tl.constexpr):
         z = z / (1.0 + tl.exp(-z))
     elif ACT == 4:  # sigmoid
         z = 1.0 / (1.0 + tl.exp(-z))
-    elif ACT == 5:  # tanh = 2 sigmoid(2z) - 1
-        z = 2.0 / (1.0 + tl.exp(-2.0 * z)) - 1.0
+    elif ACT == 5:  # tanh
+        # not 2 / (1 + exp(-2z)) - 1: the final "- 1" cancels near 0 (tanh(1e-5) came out 0, errors
+        # of 1e4 ulps at |z| = 1e-3, 14 ulps at 0.3; torch's tanh is within 1-2 ulps).  Below
+        # |z| = 0.4 the odd Taylor polynomial to z^13 (truncation < 4e-9 relative), above it
+        # sign(z) (1 - e) / (1 + e) with e = exp(-2|z|) <= 0.45 (no cancellation): <= 3 ulps in fp32
+        a = tl.abs(z)
+        e = tl.exp(-2.0 * a)
+        far = (1.0 - e) / (1.0 + e)
+        far = tl.where(z < 0.0, -far, far)
+        z2 = z * z
+        near = 0.0035921280365724808 * z2 - 0.0088632355299021966
+        near = near * z2 + 0.021869488536155203
+        near = near * z2 - 0.053968253968253971
+        near = near * z2 + 0.13333333333333333
+        near = near * z2 - 0.33333333333333333
+        near = z + z * (near * z2)
+        z = tl.where(a < 0.4, near, far)
     return z
 
 
@@ -691,6 +720,11 @@ def _launch(kind, sig, args, kwargs, flags):
     ``flags``: hashable tuple of the constexpr values in ``kwargs`` (part of the config cache key)."""
     if sig.limit_reason is not None:  # callers route such groups to plain torch; never launch one
         raise ValueError(sig.limit_reason)
+    with device_guard(args[0].device):
+        _launch_on_device(kind, sig, args, kwargs, flags)
+
+
+def _launch_on_device(kind, sig, args, kwargs, flags):
     raw = globals()[f"_gl_{kind}_kernel"]
     dev = args[0].device
     if _INTERPRET:

@@ -346,3 +346,35 @@ def test_embedding_aligned_sparse_and_dense_tables_gpu(deterministic):
                   pads=[3, None, 0, None], max_bag=12, dtype=torch.bfloat16, psw=True, seed=12)
     check_case(to_device(c, "cuda"), GPU_TOL[torch.bfloat16], form="packed", deterministic=deterministic,
                sparse=[True, False, True, False])
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_tensors_on_a_device_that_is_not_current_gpu():
+    """Triton launches on the current device; the launchers switch to the tensors' device
+    (cuda:1 here, while cuda:0 is current) instead of running there with foreign pointers."""
+    from embedding_testutil import check_case, make_case, to_device
+
+    assert torch.cuda.current_device() == 0
+    dims = [(300, 33, 17), (64, 64, 128)]
+    xs, ws, bs = make_gl(dims, torch.bfloat16, device="cuda:1", seed=13)
+    check_gl(xs, ws, bs, "gelu", GPU_TOL[torch.bfloat16])
+    xs, ws, bs = make_ln([(100, 64), (37, 1000)], torch.bfloat16, device="cuda:1", seed=14)
+    check_ln(xs, ws, bs, GPU_TOL[torch.bfloat16])
+    c = make_case([1000, 64], [16, 64], B=64, modes=["sum", "mean"], dtype=torch.float32, seed=15)
+    check_case(to_device(c, "cuda:1"), 1e-4, form="packed")
+    assert torch.cuda.current_device() == 0
+
+
+def test_tanh_activation_is_accurate_near_zero_gpu():
+    """Compiled tanh epilogue (approximate exp / division on the GPU) stays within a few ulps of
+    torch.tanh, also for tiny pre-activations (the old 2 / (1 + exp(-2z)) - 1 returned 0 there)."""
+    from test_kernels_limits import max_tanh_ulps, tanh_points
+
+    z = tanh_points("cuda")
+    w = torch.ones(1, 1, device="cuda")
+    _ops.set_gl_route("triton")
+    try:
+        (y,) = K.grouped_linear([z[:, None]], [w], None, "tanh")
+    finally:
+        _ops.set_gl_route(None)
+    assert max_tanh_ulps(y[:, 0], z) <= 8

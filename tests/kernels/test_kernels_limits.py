@@ -306,3 +306,82 @@ def test_eager_fill_buffers_used_during_capture_are_kept(graph_keep, fresh):
     lplan = eager._LNPlan([torch.zeros(3, 8), torch.zeros(2, 4)], [torch.ones(8), None], None, 1e-5, False)
     one = lplan.fill(1.0, False)
     assert lplan.fill(1.0, True) is one and id(one) in eager._dt._GRAPH_KEEP
+
+
+# ------------------------------------------------------------------------------------------------
+# device guard: Triton launches on the current CUDA device, whatever device the tensors are on
+# ------------------------------------------------------------------------------------------------
+def test_device_guard_switches_only_when_the_tensors_are_elsewhere(monkeypatch):
+    entered = []
+
+    class _Dev:
+        def __init__(self, idx):
+            self.idx = idx
+
+        def __enter__(self):
+            entered.append(self.idx)
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", _Dev)
+    for dev in (torch.device("cpu"), torch.device("cuda", 0), torch.device("cuda")):
+        with common.device_guard(dev):
+            pass
+    assert entered == []
+    with common.device_guard(torch.device("cuda", 1)):
+        pass
+    assert entered == [1]
+
+
+@interpreter_works
+def test_every_launcher_goes_through_the_device_guard(monkeypatch, fresh):
+    """Each kernel launch of the three families runs inside ``device_guard(<tensors' device>)``."""
+    glk, lnk = _glk(), _lnk()
+    ebk = __import__(K.__name__ + ".grouped_embedding_bag_kernel", fromlist=["x"])
+    seen = []
+
+    def recorder(device):
+        seen.append(device)
+        return common.device_guard(device)
+
+    for mod in (glk, lnk, ebk):
+        monkeypatch.setattr(mod, "device_guard", recorder)
+    xs, ws, bs = make_gl([(5, 8, 4), (3, 16, 8)], torch.float32, seed=1)
+    check_gl(xs, ws, bs, "relu", TOL[torch.float32])
+    n_gl = len(seen)
+    assert n_gl >= 3 and all(d == xs[0].device for d in seen)  # forward, dx, dw
+    xs, ws, bs = make_ln([(4, 8), (3, 5)], torch.float32, seed=2)
+    check_ln(xs, ws, bs, TOL[torch.float32])
+    assert len(seen) >= n_gl + 3  # forward, backward, reduce
+    n_ln = len(seen)
+    w = torch.randn(10, 16, requires_grad=True)
+    out = K.grouped_embedding_bag([w], torch.tensor([1, 2, 3]), torch.tensor([0, 2, 3]), mode="sum")
+    torch.autograd.grad(out, [w], torch.ones_like(out))
+    assert len(seen) >= n_ln + 2  # forward, backward
+
+
+# ------------------------------------------------------------------------------------------------
+# tanh epilogue: relative accuracy near 0 (the old 2 / (1 + exp(-2z)) - 1 cancelled there)
+# ------------------------------------------------------------------------------------------------
+def tanh_points(device="cpu"):
+    mag = torch.logspace(-12, 1.3, 400, dtype=torch.float64)
+    z = torch.cat([mag, -mag, torch.tensor([0.0, 0.39999998, 0.4, 0.40000001, 30.0, -30.0], dtype=torch.float64)])
+    return z.float().to(device)
+
+
+def max_tanh_ulps(y, z):
+    ref = torch.tanh(z.double()).cpu()
+    ulp = torch.from_numpy(__import__("numpy").spacing(ref.abs().float().numpy())).double().clamp_min(1e-45)
+    return ((y.double().cpu() - ref).abs() / ulp).max().item()
+
+
+@interpreter_works
+def test_tanh_activation_is_accurate_near_zero(fresh):
+    z = tanh_points()
+    w = torch.ones(1, 1)
+    (y,) = K.grouped_linear([z[:, None]], [w], None, "tanh")  # K = 1, W = 1: the pre-activation is z exactly
+    assert max_tanh_ulps(y[:, 0], z) <= 4
+    (y64,) = K.grouped_linear([z[:, None].double()], [w.double()], None, "tanh")  # plain-torch reference path
+    assert max_tanh_ulps(y64[:, 0].float(), z) <= 1
