@@ -45,6 +45,7 @@ Launch count: forward 1; backward 2.
 from __future__ import annotations
 
 import warnings
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -450,7 +451,7 @@ MAX_MEMBER_ELEMS = 2 ** 31 - 1
 MAX_DIM = 2 ** 30 - 1
 
 
-def limit_reason(rows, widths):
+def limit_reason(rows: Sequence[int], widths: Sequence[int]) -> Optional[str]:
     """None if every member fits the kernels' int32 indexing, else why not (a sentence)."""
     for g, (r, d) in enumerate(zip(rows, widths)):
         r, d = int(r), int(d)

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -521,7 +522,7 @@ MAX_MEMBER_ELEMS = 2 ** 31 - 1   # elements of one member's x, W, or y
 MAX_DIM = 2 ** 30 - 1            # M, N, K of one member
 
 
-def limit_reason(ms, ks, ns):
+def limit_reason(ms: Sequence[int], ks: Sequence[int], ns: Sequence[int]) -> Optional[str]:
     """None if every member fits the kernels' int32 indexing, else why not (a sentence)."""
     for g, (m, k, n) in enumerate(zip(ms, ks, ns)):
         m, k, n = int(m), int(k), int(n)
