@@ -32,11 +32,18 @@ from typing import Optional
 import numpy as np
 import torch
 
-__all__ = ["TableCache", "upload", "capturing", "stream_key", "stats", "reset_stats"]
+__all__ = ["TableCache", "upload", "capturing", "stream_key", "stats", "reset_stats", "keep_for_graphs",
+           "kept_for_graphs"]
 
 CAPTURE_ARENA_BYTES = 4 << 20
 
 _arena: dict = {}          # device index -> [pinned int64 tensor, next free slot]
+# Cached device tensors (tables, fill buffers) that a CUDA graph captured: the graph reads them at
+# every replay, so they must outlive the cache that holds them (signature caches are cleared when
+# full, plans dropped).  Without this a replay after an eviction reads freed memory, which the
+# caching allocator may have handed to another tensor: wrong results or illegal addresses, on the
+# GPU only (CPU tests never capture).  Kept for the life of the process; id -> tensor.
+_GRAPH_KEEP: dict = {}
 _STATS = {"uploads": 0, "captured_uploads": 0, "hits": 0, "misses": 0}
 
 
@@ -54,10 +61,26 @@ def capturing(device: torch.device) -> bool:
     """True while the current CUDA stream of ``device`` is being captured into a CUDA graph."""
     if device.type != "cuda":
         return False
+    if device.index is not None and device.index != torch.cuda.current_device():
+        with torch.cuda.device(device.index):  # the query is about the current device's stream
+            return torch.cuda.is_current_stream_capturing()
     return torch.cuda.is_current_stream_capturing()
 
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def keep_for_graphs(t: torch.Tensor, capture: bool) -> torch.Tensor:
+    """``t`` (a cached device tensor used by the current call); kept alive for good when the call
+    is being captured into a CUDA graph (see ``_GRAPH_KEEP``)."""
+    if capture:
+        _GRAPH_KEEP[id(t)] = t
+    return t
+
+
+def kept_for_graphs() -> int:
+    """How many cached tensors captured graphs keep alive (for tests)."""
+    return len(_GRAPH_KEEP)
 
 
 def stream_key(device: torch.device) -> int:
