@@ -378,3 +378,33 @@ def test_tanh_activation_is_accurate_near_zero_gpu():
     finally:
         _ops.set_gl_route(None)
     assert max_tanh_ulps(y[:, 0], z) <= 8
+
+
+def test_grouped_ops_under_cudagraph_trees_gpu(monkeypatch):
+    """The rules' custom ops compiled with mode="reduce-overhead" (cudagraph trees): warm-up,
+    record and replays leave no cached table in the graph pool ("tensors in the cudagraph pool
+    not tracked as outputs", H200 run 4) and replays match eager, training and inference."""
+    import optimus
+    from optimus import compile as oc
+    from optimus.models import get_model
+
+    monkeypatch.setenv(oc.CUDAGRAPH_KERNELS_ENV, "1")  # keep the kernel rules under CUDA graphs
+    for train in (False, True):
+        torch._dynamo.reset()
+        z = get_model("hetero_towers", "small", device="cuda")
+        ref = get_model("hetero_towers", "small", device="cuda")
+        fn = optimus.compile(z.model, mode="reduce-overhead", fullgraph=True)
+        for step in range(4):
+            torch.compiler.cudagraph_mark_step_begin()
+            with torch.set_grad_enabled(train):
+                out = fn(*z.inputs)
+                want = ref.model(*ref.inputs)
+            torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+            if train:
+                z.loss(out).backward()
+                ref.loss(want).backward()
+                for p, q in zip(z.model.parameters(), ref.model.parameters()):
+                    torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
+                    p.grad = q.grad = None
+        rules = {r for g in fn.optimus_report.graphs for r, s in g.rules.items() if s.matched}
+        assert rules & {"grouped_linear", "batched_layer_norm"}, rules
