@@ -9,6 +9,7 @@ when a kernel is *defined*, so the environment at first use is what counts.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -28,6 +29,8 @@ __all__ = [
     "num_sms",
     "next_pow2",
     "cdiv",
+    "torch_allows_tf32",
+    "device_guard",
 ]
 
 # activation name -> code used by the kernels (constexpr ACT)
@@ -118,6 +121,38 @@ def num_sms(device: torch.device) -> int:
     if n is None:
         n = _sms[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
     return n
+
+
+def torch_allows_tf32() -> bool:
+    """Whether torch's own fp32 CUDA matmuls may run in TF32 right now (read at each call).
+
+    torch >= 2.9 has two APIs for this flag: the legacy ``torch.backends.cuda.matmul.allow_tf32``
+    and ``torch.backends.cuda.matmul.fp32_precision`` ("ieee" / "tf32"; "none" inherits
+    ``torch.backends.fp32_precision``, the getter returns the resolved value).  Once TF32 was set
+    through the new one, *reading* ``allow_tf32`` raises RuntimeError ("mix of the legacy and
+    new APIs"), so the new getter is read first; ``allow_tf32`` only on a torch without it.
+    """
+    matmul = torch.backends.cuda.matmul
+    try:
+        precision = matmul.fp32_precision
+    except AttributeError:  # pragma: no cover - torch < 2.9
+        return bool(matmul.allow_tf32)
+    return precision == "tf32"
+
+
+_NO_GUARD = contextlib.nullcontext()
+
+
+def device_guard(device: torch.device):
+    """A context that makes ``device`` the current CUDA device while a kernel is launched.
+
+    Triton launches on the *current* device and its current stream, not on the device of the
+    tensors (Inductor's generated code sets a device guard; the eager path and direct calls do
+    not).  With tensors on ``cuda:1`` while ``cuda:0`` is current, a launch would run on the wrong
+    GPU with foreign pointers.  A no-op context (no device switch) in the common case."""
+    if device.type != "cuda" or device.index is None or device.index == torch.cuda.current_device():
+        return _NO_GUARD
+    return torch.cuda.device(device.index)
 
 
 def next_pow2(n: int) -> int:

@@ -35,10 +35,17 @@ Memory plan
 * ``ALIGN``: 16-byte alignment of every row (all D_g and offsets multiples of 16 bytes) lets the
   compiler use 16-byte vector loads and stores.
 
+Compiled (GPU) numerics: statistics and all arithmetic in fp32, two-pass variance; the backward is
+deterministic (no atomics).  ``rsqrt`` and ``/`` compile to the GPU's approximate forms (a few
+ulps; torch's own CUDA layer norm uses ``rsqrtf`` too), the interpreter computes with NumPy.
+
 Launch count: forward 1; backward 2.
 """
 
 from __future__ import annotations
+
+import warnings
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -46,7 +53,8 @@ import triton
 import triton.language as tl
 
 from . import _devtables as _dt
-from ._common import cdiv, interpret_mode, num_sms
+from . import reference as ref
+from ._common import cdiv, device_guard, interpret_mode, num_sms
 
 NCOL = 16
 L_D = tl.constexpr(0)
@@ -434,14 +442,37 @@ def _class_tile(k: int):
     return 1, TILE
 
 
+# Inside one member the kernels index in int32 (``row * D + col``, row counters that run up to
+# R + BLOCK_R, partial slots ``j * D``); the members' base offsets are int64.  Past these limits a
+# wrapped row index passes its mask (``rows < r_end``) and the GPU reads and writes other memory.
+# Such groups never reach the kernels (``LNSignature.limit_reason``): the callers run them on the
+# plain-torch path.
+MAX_MEMBER_ELEMS = 2 ** 31 - 1
+MAX_DIM = 2 ** 30 - 1
+
+
+def limit_reason(rows: Sequence[int], widths: Sequence[int]) -> Optional[str]:
+    """None if every member fits the kernels' int32 indexing, else why not (a sentence)."""
+    for g, (r, d) in enumerate(zip(rows, widths)):
+        r, d = int(r), int(d)
+        if r * d > MAX_MEMBER_ELEMS:
+            return (f"batched_layer_norm: member {g} ({r} rows x {d}) has {r * d} elements, more than the "
+                    f"Triton kernels' int32 indexing allows ({MAX_MEMBER_ELEMS})")
+        if max(r, d) > MAX_DIM:
+            return (f"batched_layer_norm: member {g} ({r} rows x {d}) has a dimension above {MAX_DIM}, "
+                    f"past the Triton kernels' int32 row counters")
+    return None
+
+
 class LNSignature:
+    """Shape-only facts of one group; ``limit_reason``: None, or why it must not be launched."""
+
     def __init__(self, rows, widths, nsms):
         self.G = len(rows)
         R = np.asarray(rows, dtype=np.int64)
         D = np.asarray(widths, dtype=np.int64)
         self.R, self.D = R, D
-        if self.G and int((R * D).max()) >= 2 ** 31:
-            raise ValueError("batched_layer_norm: a member has more than 2**31 - 1 elements")
+        self.limit_reason = limit_reason(rows, widths)
 
         def excl(a):
             out = np.zeros_like(a)
@@ -501,16 +532,19 @@ class LNSignature:
         return t
 
     def _cached(self, name, device, make):
-        """Device copy of a shape-only table, cached (uploaded asynchronously; while capturing a
-        CUDA graph a fresh uncached copy is staged through the capture arena)."""
-        t = self._dev.get((name, device))
+        """Device copy of a shape-only table, cached per device and stream (uploaded
+        asynchronously on the current stream: only known to be ready there).  While capturing a
+        CUDA graph a cached copy is kept alive for good (the graph reads it at every replay) and a
+        missing one is staged fresh through the capture arena (see ``_devtables``)."""
+        cap = _dt.capturing(device)
+        key = (name, device, _dt.stream_key(device))
+        t = self._dev.get(key)
         if t is None:
-            cap = _dt.capturing(device)
             t = _dt.upload(make(), device, cap)
-            if cap:
-                return t
-            self._dev[(name, device)] = t
-        return t
+            if not cap:
+                self._dev[key] = t
+            return t
+        return _dt.keep_for_graphs(t, cap)
 
     def chunk_table(self, device):
         return self._cached("chunks", device, lambda: self.chunks)
@@ -573,6 +607,11 @@ _VIA_TUNER = object()
 
 
 def _run(which, tuned, raw, grid, args, kwargs, key):
+    with device_guard(args[0].device):
+        _run_on_device(which, tuned, raw, grid, args, kwargs, key)
+
+
+def _run_on_device(which, tuned, raw, grid, args, kwargs, key):
     if _INTERPRET:
         raw[grid](*args, **kwargs, num_warps=1)
         return
@@ -589,7 +628,23 @@ def _run(which, tuned, raw, grid, args, kwargs, key):
     raw[grid](*args, **kwargs, **meta)
 
 
+def _check_limits(sig):
+    if sig.limit_reason is not None:  # callers route such groups to plain torch; never launch one
+        raise ValueError(sig.limit_reason)
+
+
+def _too_big(sig) -> bool:
+    """Whether ``sig`` exceeds the kernels' int32 indexing (warned once per signature)."""
+    if sig.limit_reason is None:
+        return False
+    if not getattr(sig, "_warned", False):
+        sig._warned = True
+        warnings.warn(sig.limit_reason + "; this group runs on the plain-torch path", RuntimeWarning, stacklevel=3)
+    return True
+
+
 def launch_forward(sig, gtab, x, y, w, b, stats, eps, align):
+    _check_limits(sig)
     if sig.n_chunks == 0:
         return
     _run("fwd", None if _INTERPRET else _ln_fwd_tuned, _ln_fwd_kernel, (sig.n_chunks,),
@@ -601,6 +656,7 @@ def launch_forward(sig, gtab, x, y, w, b, stats, eps, align):
 
 def launch_backward(sig, gtab, x, dy, dx, w, stats, dw, db, has_b, align):
     """dx (if not None), dw (if w is not None), db (if has_b) for all members."""
+    _check_limits(sig)
     dev = x.device
     has_w = w is not None
     if sig.n_chunks:
@@ -616,15 +672,18 @@ def launch_backward(sig, gtab, x, dy, dx, w, stats, dw, db, has_b, align):
     if (has_w or has_b) and sig.max_d > 0:
         bc = 512 if _INTERPRET else 128
         grid = (sig.G, cdiv(sig.max_d, bc))
-        _ln_reduce_kernel[grid](
-            part, dw if has_w else part, db if has_b else part, gtab, sig.tot_p,
-            HAS_W=has_w, HAS_B=has_b, BLOCK_J=8 if _INTERPRET else 32, BLOCK_C=bc,
-            num_warps=1 if _INTERPRET else 4,
-        )
+        with device_guard(dev):
+            _ln_reduce_kernel[grid](
+                part, dw if has_w else part, db if has_b else part, gtab, sig.tot_p,
+                HAS_W=has_w, HAS_B=has_b, BLOCK_J=8 if _INTERPRET else 32, BLOCK_C=bc,
+                num_warps=1 if _INTERPRET else 4,
+            )
 
 
 def forward_packed(x, w, b, rows, widths, eps):
     sig = signature(rows, widths, x.device)
+    if _too_big(sig):
+        return ref.batched_layer_norm_packed(x, w, b, rows, widths, eps)
     y = torch.empty(sig.tot_x, dtype=x.dtype, device=x.device)
     stats = torch.empty(2, sig.tot_rows, dtype=torch.float32, device=x.device)
     ptr_or = x.data_ptr() | y.data_ptr()
@@ -635,6 +694,9 @@ def forward_packed(x, w, b, rows, widths, eps):
 
 def backward_packed(dy, x, w, stats, rows, widths, has_b, need_dx, need_dw, need_db):
     sig = signature(rows, widths, x.device)
+    if _too_big(sig):
+        return ref.batched_layer_norm_backward_packed(dy, x, w, stats, rows, widths, has_b, need_dx, need_dw,
+                                                      need_db)
     dev = x.device
     dx = torch.empty(sig.tot_x if need_dx else 0, dtype=x.dtype, device=dev)
     pdt = w.dtype if w is not None else x.dtype

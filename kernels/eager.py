@@ -26,11 +26,13 @@ no pageable copies); tests check that with the interpreter and with mocks.
 
 import itertools as _it
 import math
+import warnings
 
 import numpy as np
 import torch
 
 from . import _devtables as _dt
+from . import reference as _ref
 from . import routes as _routes
 from ._common import NEEDS_PREACT, USES_OUTPUT
 from ._routing import _PLAIN_TYPES, _glk, _lnk, _rows, _triton_ok, _validate_gl, _validate_ln
@@ -208,9 +210,10 @@ class _GLPlan:
         self.bwd_fill = _Fill(tb, ent, es, ig)
 
     def zero_bias(self, capture: bool):
-        """Zeros standing in for the missing biases (cached; a fresh one while capturing)."""
+        """Zeros standing in for the missing biases (cached; a fresh one while capturing, and a
+        cached one used while capturing is kept alive for the graph, see ``_devtables``)."""
         if self._zero is not None:
-            return self._zero
+            return _dt.keep_for_graphs(self._zero, capture)
         z = torch.zeros(max(1, self.max_n), dtype=self.dt, device=self.dev)
         if not capture:
             self._zero = z
@@ -331,6 +334,15 @@ def _fast_apply(fn_cls):
     return apply
 
 
+class _TorchPlan:
+    """A call signature the Triton kernels must not take (``reason``: a member exceeds their int32
+    indexing, see ``grouped_linear_kernel.MAX_MEMBER_ELEMS``): the plain-torch loop runs it."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+        warnings.warn(reason + "; this group runs on the plain-torch path", RuntimeWarning, stacklevel=4)
+
+
 def _gl_eager(xs, weights, biases, act):
     """The eager Triton path, or None when the call has to take another path."""
     if _compiling_or_dispatching() or type(xs) not in _SEQ or type(weights) not in _SEQ or not xs:
@@ -358,12 +370,15 @@ def _gl_eager(xs, weights, biases, act):
         ks = [w.shape[1] for w in weights]
         route = _routes.choose(x0.dtype, x0.device, [_rows(x) for x in xs], ks, [w.shape[0] for w in weights])
         if route == "triton":
-            plan = _GLPlan(xs, weights, biases, act, need_grad)
+            reason = _glk().limit_reason([_rows(x) for x in xs], ks, [w.shape[0] for w in weights])
+            plan = _TorchPlan(reason) if reason else _GLPlan(xs, weights, biases, act, need_grad)
         else:
             plan = _routes.VendorPlan(route, xs, weights, biases, act, need_grad)
         _put_plan(key, plan)
     if type(plan) is _routes.VendorPlan:
         return _routes.apply(plan, xs, weights, biases)
+    if type(plan) is _TorchPlan:
+        return _ref.grouped_linear_list(xs, weights, biases, act)
     if plan.nb == len(ts) - 2 * plan.G:
         out = _gl_apply(plan, *ts)
     else:
@@ -426,13 +441,15 @@ class _LNPlan:
         return bj, (0, col, srcs, first + bj if bj >= 0 else fill_i)
 
     def fill(self, value: float, capture: bool):
-        """ones (missing weights) / zeros (missing biases), cached (fresh while capturing)."""
+        """ones (missing weights) / zeros (missing biases), cached (fresh while capturing; a cached
+        one used while capturing is kept alive for the graph, see ``_devtables``)."""
         t = self._fill.get(value)
         if t is None:
             t = torch.full((max(1, self.max_d),), value, dtype=self.dt, device=self.dev)
             if not capture:
                 self._fill[value] = t
-        return t
+            return t
+        return _dt.keep_for_graphs(t, capture)
 
 
 class _BatchedLayerNormFn(torch.autograd.Function):
@@ -558,8 +575,11 @@ def _ln_eager(xs, weights, biases, eps):
         if any(t is not None and type(t) not in _PLAIN_TYPES for t in ts):
             return None
         need_grad = grad and any(t is not None and t.requires_grad for t in ts)
-        plan = _LNPlan(xs, weights, biases, eps, need_grad)
+        reason = _lnk().limit_reason([_rows(x) for x in xs], [x.shape[-1] for x in xs])
+        plan = _TorchPlan(reason) if reason else _LNPlan(xs, weights, biases, eps, need_grad)
         _put_plan(key, plan)
+    if type(plan) is _TorchPlan:
+        return _ref.batched_layer_norm_list(xs, weights, biases, eps)
     args = list(xs)
     if plan.nw:
         args += [weights[i] for i in plan.w_idx]

@@ -71,7 +71,7 @@ import triton
 import triton.language as tl
 
 from . import _devtables as _dt
-from ._common import interpret_mode, next_pow2
+from ._common import device_guard, interpret_mode, next_pow2
 
 # ---------------------------------------------------------------------------------------------
 # metadata table layout: int64 [T, NCOL], one row per table
@@ -268,13 +268,16 @@ def _walk_tile(w_ptr, idx_ptr, off_ptr, psw_ptr, dout_ptr, ws_ptr, key_ptr, bag_
     rbase = tl.load(row + C_RBASE)
     is_sp = tl.load(row + C_SPARSE) != 0
     sumd = SUMD
+    dense = goff >= 0
+    # goff is -1 for tables without a dense gradient: clamp before the hint (a false multiple_of is
+    # undefined behaviour on the GPU; the interpreter ignores hints, so no CPU test would notice)
+    goff = tl.maximum(goff, 0)
     if ALIGN > 1:
         D = tl.multiple_of(D, ALIGN)
         w_off = tl.multiple_of(w_off, ALIGN)
         col = tl.multiple_of(col, ALIGN)
         sumd = tl.multiple_of(sumd, ALIGN)
         goff = tl.multiple_of(goff, ALIGN)
-    dense = goff >= 0
     bags = bblk * BB + tl.arange(0, BB)
     bmask = bags < B
     s, e = _bag_bounds(off_ptr, row, t, bags, bmask, B, NIDX, HAS_OFFSETS)
@@ -423,6 +426,7 @@ def _emb_seg_kernel(skey_ptr, perm_ptr, bag_ptr, scale_ptr, dout_ptr, grad_ptr, 
     rbase = tl.load(row + C_RBASE, mask=seg, other=0)
     r = k - rbase
     seg = seg & (r >= 0) & (r < N) & (goff >= 0)
+    goff = tl.maximum(goff, 0)  # -1 in the lanes seg masks off: no false multiple_of hint below
     maxd = tl.reduce(tl.where(seg, D, 0), 0, _MAX)
     sumd = SUMD
     if ALIGN > 1:  # every dim, column and gradient offset is a multiple of ALIGN: vector loads / stores
@@ -708,11 +712,12 @@ def forward(weights, indices, offsets, psw, sig: EBSignature) -> torch.Tensor:
     if n_tiles == 0:
         return out
     align = _align(sig, orr | out.data_ptr())
-    _emb_fwd_kernel[(n_tiles,)](
-        w0, indices, offsets if offsets is not None else indices, psw if psw is not None else w0, out,
-        tab, tiles, B, sig.sumd, indices.numel(),
-        HAS_OFFSETS=offsets is not None, HAS_PSW=psw is not None, ALIGN=align, CLASSES=sig.classes,
-        num_warps=_CFG["fwd_warps"], **_bb_kwargs(sig.bb_cls))
+    with device_guard(dev):  # Triton launches on the current device, not the tensors'
+        _emb_fwd_kernel[(n_tiles,)](
+            w0, indices, offsets if offsets is not None else indices, psw if psw is not None else w0, out,
+            tab, tiles, B, sig.sumd, indices.numel(),
+            HAS_OFFSETS=offsets is not None, HAS_PSW=psw is not None, ALIGN=align, CLASSES=sig.classes,
+            num_warps=_CFG["fwd_warps"], **_bb_kwargs(sig.bb_cls))
     return out
 
 
@@ -783,25 +788,26 @@ def backward(grad_out, weights, indices, offsets, psw, sig: EBSignature, need_w,
         scales = torch.empty(nidx, dtype=torch.float32, device=dev)
     else:
         keys = bag_ids = scales = ws
-    dummy = w0
-    _emb_walk_kernel[(n_walk,)](
-        w0, indices, offsets if offsets is not None else indices, psw if psw is not None else dummy, grad_out,
-        ws if (atomic and dense_any) else dummy, keys, bag_ids, scales,
-        spv if has_sparse else dummy, spr if has_sparse else dummy, pswg if need_psw else dummy,
-        tab, walk_tiles, B, sig.sumd, nidx, sig.sent,
-        ATOMIC=atomic, KEYS=need_keys, HAS_OFFSETS=offsets is not None, HAS_PSW=psw is not None,
-        NEED_PSWG=need_psw,
-        HAS_SPARSE=has_sparse, ALIGN=align, CLASSES=sig.classes, num_warps=_CFG["walk_warps"],
-        **_bb_kwargs(sig.bbw_cls))
-    if need_keys:
-        skeys, perm = torch.sort(keys, stable=True)
-        dense_d = max([sig.ds[t] for t in range(sig.T) if goff[t] >= 0], default=1)
-        bd = min(_CFG["seg_block_d"], max(16, next_pow2(dense_d)))
-        c = max(2, sig.seg_elems // bd)
-        n_chunks = (nidx + c - 1) // c
-        _emb_seg_kernel[(n_chunks,)](
-            skeys, perm, bag_ids, scales, grad_out, ws, tab, nidx, B, sig.T, sig.sumd, sig.sent,
-            ALIGN=align, C=c, BD=bd, num_warps=_CFG["seg_warps"])
+    with device_guard(dev):  # Triton launches on the current device, not the tensors'
+        dummy = w0
+        _emb_walk_kernel[(n_walk,)](
+            w0, indices, offsets if offsets is not None else indices, psw if psw is not None else dummy, grad_out,
+            ws if (atomic and dense_any) else dummy, keys, bag_ids, scales,
+            spv if has_sparse else dummy, spr if has_sparse else dummy, pswg if need_psw else dummy,
+            tab, walk_tiles, B, sig.sumd, nidx, sig.sent,
+            ATOMIC=atomic, KEYS=need_keys, HAS_OFFSETS=offsets is not None, HAS_PSW=psw is not None,
+            NEED_PSWG=need_psw,
+            HAS_SPARSE=has_sparse, ALIGN=align, CLASSES=sig.classes, num_warps=_CFG["walk_warps"],
+            **_bb_kwargs(sig.bbw_cls))
+        if need_keys:
+            skeys, perm = torch.sort(keys, stable=True)
+            dense_d = max([sig.ds[t] for t in range(sig.T) if goff[t] >= 0], default=1)
+            bd = min(_CFG["seg_block_d"], max(16, next_pow2(dense_d)))
+            c = max(2, sig.seg_elems // bd)
+            n_chunks = (nidx + c - 1) // c
+            _emb_seg_kernel[(n_chunks,)](
+                skeys, perm, bag_ids, scales, grad_out, ws, tab, nidx, B, sig.T, sig.sumd, sig.sent,
+                ALIGN=align, C=c, BD=bd, num_warps=_CFG["seg_warps"])
     if atomic and not acc_in_place:
         ws = ws.to(dt)
     return ws, spv, spr, pswg

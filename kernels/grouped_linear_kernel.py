@@ -39,10 +39,23 @@ Memory plan
 * ``ALIGN``: when every row stride and offset is a multiple of 16 bytes the host says so and the
   kernels tell the compiler (``tl.multiple_of``) so operand loads become 16-byte vector loads.
 * ``DOT_F32``: the products run as exact fp32 FMAs (``input_precision="ieee"``, operands upcast
-  to fp32 first).  Set for fp32 operands unless ``torch.backends.cuda.matmul.allow_tf32`` is on,
+  to fp32 first).  Set for fp32 operands unless torch allows TF32 (``allow_tf32`` / ``fp32_precision``),
   so the kernels follow the precision torch's own fp32 matmuls use (Triton's default for fp32
   ``tl.dot`` is TF32, about 1e-3 relative error); and always in Triton's CPU interpreter, where
   ``tl.dot`` on 16-bit operands is unreliable.
+
+Compiled (GPU) numerics vs the interpreter
+------------------------------------------
+* 16-bit operands: tensor-core products, fp32 accumulation (``acc`` is fp32); dz is rounded to the
+  input dtype before the backward GEMMs, as autograd's own 16-bit backward does.
+* dW / db with ``SPLIT`` below M_g: the row chunks meet in fp32 ``atomic_add`` in arrival order,
+  so dW and db are not bitwise reproducible run to run (differences at fp32 rounding level, far
+  below the 16-bit output rounding); forward and dX are deterministic.
+* Transcendentals: on NVIDIA GPUs Triton lowers fp32 ``tl.exp`` to ``ex2.approx`` and ``/`` to
+  ``div.full`` (a few ulps, as Inductor's generated kernels); ``tl.math.erf`` (gelu) is libdevice.
+  The interpreter computes with NumPy.  The tanh epilogue avoids ``2 / (1 + exp(-2z)) - 1``, which
+  cancels near 0 on both.
+* Offsets: int32 inside a member, int64 member bases; see ``MAX_MEMBER_ELEMS`` for the limits.
 
 Launch count: forward 1; backward 2 GEMM kernels + a memset of the fp32 workspace (+ one cast for
 16-bit dtypes).
@@ -51,6 +64,8 @@ Launch count: forward 1; backward 2 GEMM kernels + a memset of the fp32 workspac
 from __future__ import annotations
 
 import os
+import warnings
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -58,7 +73,9 @@ import triton
 import triton.language as tl
 
 from . import _devtables as _dt
-from ._common import ACTIVATIONS, NEEDS_PREACT, cdiv, interpret_mode, next_pow2, num_sms
+from . import reference as ref
+from ._common import (ACTIVATIONS, NEEDS_PREACT, cdiv, device_guard, interpret_mode, next_pow2, num_sms,
+                      torch_allows_tf32)
 
 # ---------------------------------------------------------------------------------------------
 # metadata table layout: int64 [G, NCOL], one row per member
@@ -106,8 +123,23 @@ def _act_fwd(z, ACT: tl.constexpr):
         z = z / (1.0 + tl.exp(-z))
     elif ACT == 4:  # sigmoid
         z = 1.0 / (1.0 + tl.exp(-z))
-    elif ACT == 5:  # tanh = 2 sigmoid(2z) - 1
-        z = 2.0 / (1.0 + tl.exp(-2.0 * z)) - 1.0
+    elif ACT == 5:  # tanh
+        # not 2 / (1 + exp(-2z)) - 1: the final "- 1" cancels near 0 (tanh(1e-5) came out 0, errors
+        # of 1e4 ulps at |z| = 1e-3, 14 ulps at 0.3; torch's tanh is within 1-2 ulps).  Below
+        # |z| = 0.4 the odd Taylor polynomial to z^13 (truncation < 4e-9 relative), above it
+        # sign(z) (1 - e) / (1 + e) with e = exp(-2|z|) <= 0.45 (no cancellation): <= 3 ulps in fp32
+        a = tl.abs(z)
+        e = tl.exp(-2.0 * a)
+        far = (1.0 - e) / (1.0 + e)
+        far = tl.where(z < 0.0, -far, far)
+        z2 = z * z
+        near = 0.0035921280365724808 * z2 - 0.0088632355299021966
+        near = near * z2 + 0.021869488536155203
+        near = near * z2 - 0.053968253968253971
+        near = near * z2 + 0.13333333333333333
+        near = near * z2 - 0.33333333333333333
+        near = z + z * (near * z2)
+        z = tl.where(a < 0.4, near, far)
     return z
 
 
@@ -480,8 +512,34 @@ def set_autotune(flag: bool) -> None:
 # ---------------------------------------------------------------------------------------------
 # host side: per-shape-signature metadata
 # ---------------------------------------------------------------------------------------------
+# The kernels index inside one member in int32 (``row * K + col``, ``row * N + col``, the row and
+# tile counters, ``M + SPLIT - 1`` with SPLIT up to 2**30); only the members' base offsets (the
+# table) are int64.  Past these limits an int32 product wraps on the GPU and a load reads other
+# memory, silently (masked lanes included: a wrapped row index passes ``row < M``).  Such groups
+# never reach the kernels: ``GLSignature.limit_reason`` says why, and the callers (the packed ops
+# below, the eager path) run them on the plain-torch path instead.
+MAX_MEMBER_ELEMS = 2 ** 31 - 1   # elements of one member's x, W, or y
+MAX_DIM = 2 ** 30 - 1            # M, N, K of one member
+
+
+def limit_reason(ms: Sequence[int], ks: Sequence[int], ns: Sequence[int]) -> Optional[str]:
+    """None if every member fits the kernels' int32 indexing, else why not (a sentence)."""
+    for g, (m, k, n) in enumerate(zip(ms, ks, ns)):
+        m, k, n = int(m), int(k), int(n)
+        for name, elems in (("x", m * k), ("W", n * k), ("y", m * n)):
+            if elems > MAX_MEMBER_ELEMS:
+                return (f"grouped_linear: member {g} (M={m}, K={k}, N={n}) has {elems} elements in {name}, "
+                        f"more than the Triton kernels' int32 indexing allows ({MAX_MEMBER_ELEMS})")
+        if max(m, k, n) > MAX_DIM:
+            return (f"grouped_linear: member {g} has a dimension above {MAX_DIM} "
+                    f"(M={m}, K={k}, N={n}), past the Triton kernels' int32 row / tile counters")
+    return None
+
+
 class GLSignature:
-    """Everything about a group that depends only on the shapes (cached per shape tuple)."""
+    """Everything about a group that depends only on the shapes (cached per shape tuple).
+
+    ``limit_reason``: None, or why the group must not be launched (see ``MAX_MEMBER_ELEMS``)."""
 
     def __init__(self, ms, ks, ns):
         self.G = len(ms)
@@ -489,8 +547,7 @@ class GLSignature:
         self.ks = np.asarray(ks, dtype=np.int64)
         self.ns = np.asarray(ns, dtype=np.int64)
         ms_, ks_, ns_ = self.ms, self.ks, self.ns
-        if self.G and max(int((ms_ * ks_).max()), int((ns_ * ks_).max()), int((ms_ * ns_).max())) >= 2 ** 31:
-            raise ValueError("grouped_linear: a member has more than 2**31 - 1 elements in one operand")
+        self.limit_reason = limit_reason(ms, ks, ns)
 
         def excl(a):
             out = np.zeros_like(a)
@@ -563,20 +620,27 @@ class GLSignature:
         return t
 
     def packed_tables(self, device):
-        """Device tables for the packed convention (offsets = prefix sums), cached per device.
+        """Device tables for the packed convention (offsets = prefix sums), cached per device and
+        stream.
 
-        Uploaded asynchronously; during CUDA-graph capture a fresh (uncached) copy is staged through
-        the capture arena, see ``_devtables``."""
-        t = self._packed.get(device)
+        Uploaded asynchronously on the current stream, so a cached copy is only known to be ready
+        on that stream (a launch on another stream could read it before the copy lands): the
+        stream is part of the key, as for the eager tables.  During CUDA-graph capture a cached
+        copy is kept alive for good (the graph reads it at every replay, after any eviction of
+        this signature) and a missing one is staged fresh through the capture arena, see
+        ``_devtables``."""
+        cap = _dt.capturing(device)
+        key = (device, _dt.stream_key(device))
+        t = self._packed.get(key)
         if t is None:
             cols = dict(X=self.off_x, W=self.off_w, B=self.off_b, Y=self.off_y, Z=self.off_y,
                         DY=self.off_y, DX=self.off_x, DW=self.off_w, DB=self.tot_w + self.off_b)
             arr = np.stack([self.table(i, cols) for i in range(3)])
-            cap = _dt.capturing(device)
             t = _dt.upload(arr, device, cap)
             if not cap:
-                self._packed[device] = t
-        return t
+                self._packed[key] = t
+            return t
+        return _dt.keep_for_graphs(t, cap)
 
 
 _SIGS: dict = {}
@@ -646,14 +710,22 @@ def _grid(sig, kind, meta, dev):
 
 def _dot_f32(dtype):
     """DOT_F32 for operands of ``dtype``: exact fp32 products unless torch allows TF32 (read at
-    each call, as torch's matmuls read it)."""
-    return _INTERPRET or (dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32)
+    each call, as torch's matmuls read it; through ``torch_allows_tf32``, which also understands
+    torch's newer ``fp32_precision`` API: reading ``allow_tf32`` raises once that API set TF32)."""
+    return _INTERPRET or (dtype == torch.float32 and not torch_allows_tf32())
 
 
 def _launch(kind, sig, args, kwargs, flags):
     """Launch kernel ``kind`` ("fwd", "dx", "dw") over the tiles of ``sig``.
 
     ``flags``: hashable tuple of the constexpr values in ``kwargs`` (part of the config cache key)."""
+    if sig.limit_reason is not None:  # callers route such groups to plain torch; never launch one
+        raise ValueError(sig.limit_reason)
+    with device_guard(args[0].device):
+        _launch_on_device(kind, sig, args, kwargs, flags)
+
+
+def _launch_on_device(kind, sig, args, kwargs, flags):
     raw = globals()[f"_gl_{kind}_kernel"]
     dev = args[0].device
     if _INTERPRET:
@@ -708,8 +780,20 @@ def launch_dw(sig, tab, dy, aux, x, ws, has_bias, act, align):
 # ---------------------------------------------------------------------------------------------
 # packed convention (used by the custom ops)
 # ---------------------------------------------------------------------------------------------
+def _too_big(sig) -> bool:
+    """Whether ``sig`` exceeds the kernels' int32 indexing (warned once per signature)."""
+    if sig.limit_reason is None:
+        return False
+    if not getattr(sig, "_warned", False):
+        sig._warned = True
+        warnings.warn(sig.limit_reason + "; this group runs on the plain-torch path", RuntimeWarning, stacklevel=3)
+    return True
+
+
 def forward_packed(x, w, b, ms, ks, ns, act):
     sig = signature(ms, ks, ns)
+    if _too_big(sig):
+        return ref.grouped_linear_packed(x, w, b, ms, ks, ns, act)
     tabs = sig.packed_tables(x.device)
     y = torch.empty(sig.tot_y, dtype=x.dtype, device=x.device)
     z = torch.empty(sig.tot_y if act in NEEDS_PREACT else 0, dtype=x.dtype, device=x.device)
@@ -721,6 +805,9 @@ def forward_packed(x, w, b, ms, ks, ns, act):
 
 def backward_packed(dy, x, w, aux, ms, ks, ns, act, has_bias, need_dx, need_dw, need_db):
     sig = signature(ms, ks, ns)
+    if _too_big(sig):
+        return ref.grouped_linear_backward_packed(dy, x, w, aux, ms, ks, ns, act, has_bias, need_dx, need_dw,
+                                                  need_db)
     dev = x.device
     tabs = sig.packed_tables(dev)
     ptrs = [dy.data_ptr(), x.data_ptr(), w.data_ptr()] + ([aux.data_ptr()] if aux is not None else [])

@@ -162,14 +162,18 @@ class VendorPlan:
         self._zero = None
 
     def _table(self, name, make):
-        """A device table of this signature, uploaded once (fresh, uncached, during CUDA-graph capture)."""
-        t = self._dev_tabs.get(name)
+        """A device table of this signature, uploaded once per stream (an asynchronous copy is only
+        known to be ready on its stream); during CUDA-graph capture a cached one is kept alive for
+        good (the graph outlives this plan) and a missing one is staged fresh, uncached."""
+        cap = _dt.capturing(self.dev)
+        key = (name, _dt.stream_key(self.dev))
+        t = self._dev_tabs.get(key)
         if t is None:
-            cap = _dt.capturing(self.dev)
             t = _dt.upload(make(), self.dev, cap)
             if not cap:
-                self._dev_tabs[name] = t
-        return t
+                self._dev_tabs[key] = t
+            return t
+        return _dt.keep_for_graphs(t, cap)
 
     def offs(self) -> torch.Tensor:
         """int32 end offsets of the members' rows (``torch._grouped_mm``'s ``offs``)."""
@@ -185,7 +189,7 @@ class VendorPlan:
             return list(bs)
         if self._zero is None:
             self._zero = torch.zeros(self.n, dtype=self.dt, device=self.dev)
-        rows = [self._zero] * self.G
+        rows = [_dt.keep_for_graphs(self._zero, _dt.capturing(self.dev))] * self.G
         for j, i in enumerate(self.bias_idx):
             rows[i] = bs[j]
         return rows

@@ -177,3 +177,42 @@ def separate_compile_metrics() -> Iterator[None]:
             del tls.metrics_context
         else:
             tls.metrics_context = saved
+
+
+# --- TF32 flags: two torch APIs -------------------------------------------------------
+# torch >= 2.9 has ``fp32_precision`` ("ieee" / "tf32" / "none": inherit) next to the legacy
+# ``allow_tf32`` booleans, and once TF32 was set through the new one, *reading* the legacy flag
+# raises RuntimeError ("mix of the legacy and new APIs"). Setting the legacy flag stays allowed.
+
+
+def _tf32_allowed(backend: Any) -> bool:
+    precision = getattr(backend, "fp32_precision", None)
+    if isinstance(precision, str) and precision != "none":
+        return precision == "tf32"
+    if precision == "none":
+        return torch.backends.fp32_precision == "tf32" if hasattr(torch.backends, "fp32_precision") else False
+    return bool(backend.allow_tf32)  # torch < 2.9
+
+
+def cuda_matmul_allows_tf32() -> bool:
+    """Whether torch's fp32 CUDA matmuls may run in TF32 now (either API)."""
+    return _tf32_allowed(torch.backends.cuda.matmul)
+
+
+@contextlib.contextmanager
+def tf32(enabled: bool, cudnn: bool = False) -> Iterator[None]:
+    """TF32 on or off for CUDA matmuls (and cuDNN with ``cudnn=True``) inside; restored after,
+    through the API that holds the old setting."""
+    backends = [torch.backends.cuda.matmul] + ([torch.backends.cudnn] if cudnn else [])
+    old = [(b, getattr(b, "fp32_precision", None)) for b in backends]
+    legacy = [(b, _tf32_allowed(b)) for b in backends]
+    for b in backends:
+        b.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        for (b, precision), (_, allowed) in zip(old, legacy):
+            if isinstance(precision, str):
+                b.fp32_precision = precision
+            else:  # pragma: no cover - torch < 2.9
+                b.allow_tf32 = allowed

@@ -24,6 +24,7 @@ import functools
 import hashlib
 import importlib.util
 import logging
+import os
 import pathlib
 from typing import Any, Callable
 
@@ -56,8 +57,11 @@ TUNE_CANDIDATES = ("auto", "all", "vertical", "none")  # what tune=True measures
 # Rules that emit our Triton custom ops. Under CUDA graphs (mode="reduce-overhead") the ops'
 # cached device tables and buffers stay alive across capture, which cudagraph trees refuse
 # at the first replay ("tensors in the cudagraph pool not tracked as outputs", H200 run 4 of
-# 2026-12-01): until the ops are capture-clean, those rules do not run there.
+# 2026-12-01): until the ops are capture-clean, those rules do not run there. The tables are
+# now allocated off the routed thread (kernels/_devtables.py), not yet run on a GPU: with
+# OPTIMUS_CUDAGRAPH_KERNELS=1 the rules stay on under CUDA graphs, to measure that fix.
 CUDAGRAPH_UNSAFE_RULES = ("grouped_linear", "grouped_mm", "batched_layer_norm", "group_embedding_lookups")
+CUDAGRAPH_KERNELS_ENV = "OPTIMUS_CUDAGRAPH_KERNELS"
 # Rule options turned off under CUDA graphs for the same reason: batch_linear's
 # optimus::packed_linear (packed weights, docs/packing.md) has not run under capture yet.
 CUDAGRAPH_UNSAFE_OPTIONS = {("torch_ir", "batch_linear"): {"packed_weights": False}}
@@ -230,8 +234,12 @@ class Session:
         return self._compile(gm, example_inputs, options, user, plain)
 
     def _without_capture_unsafe_rules(self, config: PassConfig, options: dict[str, Any]) -> PassConfig:
-        """Under CUDA graphs, the rules in ``CUDAGRAPH_UNSAFE_RULES`` are left out (said once)."""
+        """Under CUDA graphs, the rules in ``CUDAGRAPH_UNSAFE_RULES`` are left out (said once),
+        unless ``OPTIMUS_CUDAGRAPH_KERNELS=1`` keeps them (an experiment; said too)."""
         if not options.get("triton.cudagraphs"):
+            return config
+        if os.environ.get(CUDAGRAPH_KERNELS_ENV) == "1":
+            self.note_once(f"CUDA graphs: {CUDAGRAPH_KERNELS_ENV}=1 keeps {', '.join(CUDAGRAPH_UNSAFE_RULES)} on (experimental: their ops are not yet measured under capture)")
             return config
         rules = {lv: tuple(r for r in names if r not in CUDAGRAPH_UNSAFE_RULES) for lv, names in config.rules.items()}
         dropped = sorted({r for names in config.rules.values() for r in names} & set(CUDAGRAPH_UNSAFE_RULES))

@@ -241,13 +241,10 @@ def tf32_mode(enabled: bool) -> Iterator[None]:
     Dynamo guards on the matmul flag: a function compiled under one setting recompiles
     when called under the other.
     """
-    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = enabled
-    torch.backends.cudnn.allow_tf32 = enabled
-    try:
+    from .. import compat
+
+    with compat.tf32(enabled, cudnn=True):
         yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
 
 
 def tf32_disabled() -> ContextManager[None]:

@@ -46,6 +46,8 @@ MAY_ALIAS_OPS = VIEW_OPS | {"dropout", "einsum"}
 # View ops that always return a view of their input (reshape, flatten and contiguous
 # copy when the strides do not allow a view).
 ALWAYS_VIEW_OPS = VIEW_OPS - {"reshape", "flatten", "contiguous"}
+# Views whose elements all lie among their input's (a reshape that copies holds none of them).
+_WITHIN_INPUT_VIEWS = VIEW_OPS - {"split", "unbind", "getitem"}
 MAYBE_VIEW_OPS = VIEW_OPS - ALWAYS_VIEW_OPS
 # Targets (by name) that read their input's raw layout: storage offset and strides.
 LAYOUT_READERS = ("as_strided", "set_", "storage_offset", "data_ptr", "untyped_storage", "_reshape_alias", "stride", "is_contiguous", "non_overlapping")
@@ -284,8 +286,18 @@ class AliasAnalysis:
                     return f"would move the computation of {old.name} across the collective {c.name} (collectives are barriers)"
         return None
 
+    def _chunk(self, node: fx.Node) -> fx.Node:
+        """The node ``node`` is a view of through ops that only re-index or narrow their
+        input's elements (a reshaped or sliced chunk stays inside the chunk)."""
+        while True:
+            call = self.view.classify(node)
+            if call is None or call.op not in _WITHIN_INPUT_VIEWS or not isinstance(call.args.get("input"), fx.Node):
+                return node
+            node = call.args["input"]
+
     def _distinct_chunks(self, a: fx.Node, b: fx.Node) -> bool:
-        """``a`` and ``b`` are different chunks of one split/unbind: disjoint memory."""
+        """``a`` and ``b`` are (views inside) different chunks of one split/unbind: disjoint memory."""
+        a, b = self._chunk(a), self._chunk(b)
         ca, cb = self.view.classify(a), self.view.classify(b)
         if ca is None or cb is None or ca.op != "getitem" or cb.op != "getitem":
             return False

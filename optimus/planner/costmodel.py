@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from .. import compat
+
 log = logging.getLogger("optimus")
 
 DTYPE_CLASSES = ("fp32", "tf32", "half")
@@ -94,7 +96,7 @@ PROFILE_ENV = "OPTIMUS_DEVICE_PROFILE"  # "defaults": never probe, use DEFAULTS 
 def dtype_class(dtype: torch.dtype) -> str:
     if dtype in (torch.float16, torch.bfloat16):
         return "half"
-    if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32:
+    if dtype == torch.float32 and compat.cuda_matmul_allows_tf32():
         return "tf32"
     return "fp32"
 
@@ -271,10 +273,8 @@ def _probe_cuda(device: torch.device, repeats: int) -> DeviceProfile:
         copy = _time_cuda(lambda: out.copy_(big), repeats)
         bandwidth = 2 * big.numel() * 4 / copy / 1e3  # bytes per us -> GB/s
         rates: dict[str, dict[str, float]] = {}
-        tf32 = torch.backends.cuda.matmul.allow_tf32
-        try:
-            for cls, dtype, allow in (("fp32", torch.float32, False), ("tf32", torch.float32, True), ("half", torch.bfloat16, False)):
-                torch.backends.cuda.matmul.allow_tf32 = allow
+        for cls, dtype, allow in (("fp32", torch.float32, False), ("tf32", torch.float32, True), ("half", torch.bfloat16, False)):
+            with compat.tf32(allow):
                 rates[cls] = {}
                 for label, size in (("small", (512, 256, 256)), ("large", (4096, 4096, 4096))):
                     m, k, nn = size
@@ -283,8 +283,6 @@ def _probe_cuda(device: torch.device, repeats: int) -> DeviceProfile:
                     # small problems: a CUDA graph of 20 products, so launches do not count
                     t = _graph_us(lambda: a @ b, 20) if label == "small" else _time_cuda(lambda: a @ b, repeats)
                     rates[cls][label] = 2.0 * m * k * nn / t / 1e6
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = tf32
         units = torch.cuda.get_device_properties(device).multi_processor_count
     return DeviceProfile(
         device=_device_name(device),

@@ -20,12 +20,19 @@ Levels:
 * Torch-IR, training and inference: the op's registered autograd gives the backward
   (``grouped_linear_backward``: grouped dX and dW GEMMs), so AOTAutograd partitions it
   like any op.
-* Aten-IR: the graph is already partitioned. In a training graph the forward's matmuls
+* Aten-IR: the graph is already partitioned. In a training forward graph the matmuls
   have their backward in another graph that this rewrite cannot see, so emitting the op
   there would leave the backward as it was while changing what the forward saves: the
-  Aten-IR rule runs on inference graphs only (no ``primals`` / ``tangents``) and declines
-  in training graphs with that reason. LayerNorm is decomposed at Aten-IR (var_mean, sub,
-  mul, ...): there is no layer_norm op to anchor on, so the LayerNorm rule is Torch-IR only.
+  Aten-IR rule declines in partitioned forward graphs (``primals`` and no ``tangents``)
+  with that reason. It runs on inference graphs, and, with its option
+  ``backward_graphs=True`` (off by default until measured on the GPU), on backward graphs
+  (``tangents``), where the independent dX / dW matmuls of different shapes of layers the
+  Torch-IR rule did not group become one grouped GEMM; their results, the gradients, are
+  disjoint chunks of one buffer. A member whose reduction is long against its outputs (a
+  weight gradient over many tokens: ``horizontal.long_reduction``) declines the group: the
+  grouped forward kernel does not split its reduction, one mm per member does. LayerNorm
+  is decomposed at Aten-IR (var_mean, sub, mul, ...): there is no layer_norm op to anchor
+  on, so the LayerNorm rule is Torch-IR only.
 
 Uniform groups (every member of one shape) are left to the bmm / stack rules, which run
 first (lower priority number); a uniform group that reaches these rules is declined.
@@ -46,6 +53,7 @@ from ..core.group import Group, group_rule
 from ..core.rule import Builder
 from ..core.view import GraphView, is_int
 from ..core.vocab import Call, ParamRef, register_extern_op
+from .horizontal import long_reduction
 
 MAX_PACK_BYTES = 256 * 2**20
 
@@ -61,6 +69,14 @@ UNIFORM_LAYER_NORM = "uniform shapes: batch_layer_norm (stack) handles them"
 TRAINING_GRAPH = (
     "training graph at Aten-IR: the forward is already partitioned and the grouped op's backward "
     "cannot be placed in the separate backward graph (the Torch-IR rule covers training)"
+)
+BACKWARD_OPT_IN = (
+    "backward graph: grouping its matmuls is opt-in until measured on the GPU "
+    "(passes={'aten_ir': {'grouped_mm': {'backward_graphs': True}}, ...})"
+)
+LONG_REDUCTION = (
+    "a member's reduction is long against its outputs ({m}x{k} @ {k}x{n}): the grouped kernel "
+    "would loop over it in few tiles, one mm per member splits it"
 )
 
 
@@ -235,9 +251,13 @@ def grouped_linear(g: Group, b: Builder) -> dict[fx.Node, fx.Node]:
 
 
 # -------------------------------------------------------------- Aten-IR mm / addmm
-def _is_training_graph(view: GraphView) -> bool:
-    """A partitioned forward (``primals``) or a backward (``tangents``) graph."""
-    return any(n.op == "placeholder" and n.name.startswith(("primals", "tangents")) for n in view.graph.nodes)
+def _graph_kind(view: GraphView) -> str:
+    """``"backward"`` (it takes ``tangents``), ``"forward"`` (a partitioned training forward:
+    ``primals``, no ``tangents``) or ``"inference"``, by AOTAutograd's placeholder names."""
+    names = [n.name for n in view.graph.nodes if n.op == "placeholder"]
+    if any(n.startswith("tangents") for n in names):
+        return "backward"
+    return "forward" if any(n.startswith("primals") for n in names) else "inference"
 
 
 def _mm_key(call: Call, view: GraphView) -> Hashable:
@@ -260,11 +280,25 @@ def _mm_key(call: Call, view: GraphView) -> Hashable:
     metas = [_meta(view, v) for v in nodes]
     if dt is None or any(m is None for m in metas) or len({m[:2] for m in metas}) != 1:  # type: ignore[index]
         return None
-    return ("grouped_mm", metas[0][:2], has_bias)  # type: ignore[index]
+    return ("grouped_mm", metas[0][:2], has_bias, long_reduction(1, xs[0], xs[1], ms[1]))  # type: ignore[index]
 
 
-def _inference_graph(g: Group) -> str | None:
-    return TRAINING_GRAPH if _is_training_graph(g.view) else None
+def _graph_allows_grouping(g: Group) -> str | None:
+    kind = _graph_kind(g.view)
+    if kind == "forward":
+        return TRAINING_GRAPH
+    if kind == "backward" and not g.options.get("backward_graphs", False):
+        return BACKWARD_OPT_IN
+    return None
+
+
+def _no_long_reduction(g: Group) -> str | None:
+    """Long-reduction members share a key (``_mm_key``), so they decline together and the
+    other members still group."""
+    if not g.key[-1]:
+        return None
+    (m, k), n = _static_shape(g.view, g.members[0].input), _static_shape(g.view, g.members[0].args["mat2"])[1]  # type: ignore[misc,index]
+    return LONG_REDUCTION.format(m=m, k=k, n=n)
 
 
 def _mm_shapes_differ(g: Group) -> str | None:
@@ -276,13 +310,14 @@ def _mm_shapes_differ(g: Group) -> str | None:
     ("mm", "addmm"),
     key=_mm_key,
     levels=("aten_ir",),
-    where=[_inference_graph, _mm_shapes_differ],
+    where=[_graph_allows_grouping, _mm_shapes_differ, _no_long_reduction],
     priority=112,
-    options={"max_pack_bytes": MAX_PACK_BYTES},
+    options={"max_pack_bytes": MAX_PACK_BYTES, "backward_graphs": False},
 )
 def grouped_mm(g: Group, b: Builder) -> dict[fx.Node, fx.Node]:
-    """Independent matmuls of different shapes in an inference graph become one
-    grouped-linear kernel call (activation epilogue fused where the members share one).
+    """Independent matmuls of different shapes in an inference graph (or, opt-in, a backward
+    graph) become one grouped-linear kernel call (activation epilogue fused where the
+    members share one).
 
     [act(addmm(b_i, x_i, m_i))] -> unpack(optimus.grouped_linear(pack(x_i), pack(m_i.T), pack(b_i), act))
     A linear's ``m_i`` is ``permute(w_i)``: ``m_i.T`` is ``w_i`` again once the vertical

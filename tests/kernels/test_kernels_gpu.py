@@ -1,5 +1,7 @@
 """optimus.kernels on a CUDA GPU (compiled Triton) at realistic sizes.  Marked ``gpu``."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -138,3 +140,271 @@ def test_fp32_precision_follows_torch_tf32_flag_gpu(tf32):
         torch.backends.cuda.matmul.allow_tf32 = prev
     if tf32:
         assert errs["y"] > 1e-5, f"TF32 allowed but the products look exact: {errs}"
+
+
+# ------------------------------------------------------------------------------------------------
+# kernel review (2026-12-01, session 4): what only a compiled kernel on a GPU can show
+# ------------------------------------------------------------------------------------------------
+_ops = __import__(K.__name__ + ".ops", fromlist=["ops"])
+_eager = __import__(K.__name__ + ".eager", fromlist=["eager"])
+
+
+@pytest.mark.parametrize("tf32", [False, True])
+def test_fp32_precision_follows_torch_fp32_precision_api_gpu(tf32):
+    """torch >= 2.9's second TF32 API: after ``fp32_precision = "tf32"`` reading the legacy
+    ``allow_tf32`` raises, which made every fp32 grouped-linear launch raise too."""
+    m = torch.backends.cuda.matmul
+    if not hasattr(m, "fp32_precision"):
+        pytest.skip("this torch has only the legacy TF32 flag")
+    dims = [(512, 136, 208), (512, 24, 40), (300, 33, 17)]
+    xs, ws, bs = make_gl(dims, torch.float32, device="cuda", seed=4)
+    prev = m.fp32_precision
+    m.fp32_precision = "tf32" if tf32 else "ieee"
+    try:
+        errs = check_gl(xs, ws, bs, "relu", 5e-3 if tf32 else 1e-5)
+    finally:
+        m.fp32_precision = prev
+    if tf32:
+        assert errs["y"] > 1e-5, f"TF32 allowed but the products look exact: {errs}"
+
+
+def _rel(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def test_grouped_linear_member_just_below_int32_limit_gpu():
+    """A member of 2**31 - 64 elements (4 GiB of bf16) on the kernels: the int32 row offsets of the
+    last rows are right, and the masked lanes past them (whose offsets wrap) do not fault."""
+    M, Kd, N = 2 ** 25 - 1, 64, 64
+    g = torch.Generator(device="cuda").manual_seed(7)
+    big = torch.randn(M, Kd, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    small = torch.randn(64, Kd, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    ws = [(torch.randn(N, Kd, device="cuda", generator=g) / 8).to(torch.bfloat16).requires_grad_() for _ in range(2)]
+    _ops.set_gl_route("triton")
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            ys = K.grouped_linear([small, big], ws, None)
+        assert not [w for w in seen if "int32" in str(w.message)], "under the limit: no plain-torch fallback"
+        gy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16, generator=g)
+        dx, dw = torch.autograd.grad(ys[1], [big, ws[1]], gy)
+    finally:
+        _ops.set_gl_route(None)
+    tail = slice(M - 4096, M)
+    with torch.no_grad():
+        assert _rel(ys[1][tail], big[tail].float() @ ws[1].float().t()) < 1e-2
+        assert _rel(ys[1][:4096], big[:4096].float() @ ws[1].float().t()) < 1e-2
+        assert _rel(dx[tail], gy[tail].float() @ ws[1].float()) < 1e-2
+        assert _rel(dw, torch.matmul(gy.t(), big)) < 2e-2
+        assert _rel(ys[0], small.float() @ ws[0].float().t()) < 1e-2
+
+
+def test_member_past_int32_limit_runs_plain_torch_gpu():
+    """2**31 + 1024 elements in one member's x: the eager path and the packed op both take the
+    plain-torch path (with a warning) instead of launching kernels whose int32 offsets would wrap."""
+    M, Kd, N = 2 ** 25 + 16, 64, 8
+    _ops.clear_eager_caches()  # the warnings come once per plan / signature
+    _eager._glk()._SIGS.clear()
+    g = torch.Generator(device="cuda").manual_seed(8)
+    big = torch.randn(M, Kd, device="cuda", dtype=torch.bfloat16, generator=g)
+    small = torch.randn(64, Kd, device="cuda", dtype=torch.bfloat16, generator=g)
+    ws = [torch.randn(N, Kd, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2)]
+    _ops.set_gl_route("triton")
+    try:
+        with pytest.warns(RuntimeWarning, match="int32 indexing"):
+            ys = K.grouped_linear([small, big], ws, None)
+    finally:
+        _ops.set_gl_route(None)
+    tail = slice(M - 4096, M)
+    assert _rel(ys[1][tail], torch.nn.functional.linear(big[tail], ws[1])) < 1e-2
+    with pytest.warns(RuntimeWarning, match="int32 indexing"):
+        y, _ = torch.ops.optimus.grouped_linear(_ops.pack([small, big]), _ops.pack(ws), None, [64, M], [Kd, Kd],
+                                                [N, N], "none")
+    assert _rel(y[-4096 * N:].view(4096, N), torch.nn.functional.linear(big[tail], ws[1])) < 1e-2
+    del big, y, ys
+    xl = torch.randn(2 ** 25 + 1, 64, device="cuda", dtype=torch.bfloat16, generator=g)  # layer norm: 2**31 + 64
+    with pytest.warns(RuntimeWarning, match="int32 indexing"):
+        (z,) = K.batched_layer_norm([xl])
+    assert _rel(z[-4096:], torch.nn.functional.layer_norm(xl[-4096:], (64,))) < 1e-2
+
+
+def test_layer_norm_member_just_below_int32_limit_gpu():
+    R, D = 2 ** 25 - 1, 64
+    g = torch.Generator(device="cuda").manual_seed(9)
+    x = torch.randn(R, D, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    w = torch.randn(D, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    (y,) = K.batched_layer_norm([x], [w])
+    gy = torch.randn(R, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    dx, dw = torch.autograd.grad(y, [x, w], gy)
+    tail = slice(R - 4096, R)
+    xt = x[tail].detach().float().requires_grad_()
+    rt = torch.nn.functional.layer_norm(xt, (D,), w.detach().float())
+    (rdx,) = torch.autograd.grad(rt, [xt], gy[tail].float())
+    assert _rel(y[tail], rt) < 1e-2 and _rel(dx[tail], rdx) < 2e-2
+    with torch.no_grad():
+        rdw = torch.zeros(D, device="cuda", dtype=torch.float64)
+        for r0 in range(0, R, 2 ** 22):  # dW = sum_r dy * xhat, in slices (fp32 copies of 4 GiB otherwise)
+            xhat = torch.nn.functional.layer_norm(x[r0:r0 + 2 ** 22].float(), (D,))
+            rdw += (gy[r0:r0 + 2 ** 22].float() * xhat).sum(0).double()
+            if r0 == 0:
+                assert _rel(y[: 2 ** 22], xhat * w.float()) < 1e-2
+    assert _rel(dw, rdw) < 2e-2
+
+
+def test_packed_tables_are_per_stream_gpu():
+    """A packed-op table cached on stream A (its upload queued behind A's work) is not used by a
+    launch on an idle stream B before the copy lands: each stream uploads its own.  The kernels are
+    tuned first on a signature of the same tuning key, so no autotuner sync hides the race."""
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(10)
+
+    def gl_inputs(ms, ks, ns):
+        x = torch.randn(sum(m * k for m, k in zip(ms, ks)), device=dev, generator=g)
+        w = torch.randn(sum(n * k for n, k in zip(ns, ks)), device=dev, generator=g)
+        return x, w
+
+    def gl_ref(x, w, ms, ks, ns):
+        out, ox, ow = [], 0, 0
+        for m, k, n in zip(ms, ks, ns):
+            out.append((x[ox:ox + m * k].view(m, k).double() @ w[ow:ow + n * k].view(n, k).double().t()).reshape(-1))
+            ox, ow = ox + m * k, ow + n * k
+        return torch.cat(out)
+
+    warm = ([36, 1000], [24, 40], [56, 8])
+    race = ([37, 1000], [24, 40], [56, 8])     # same tuning key (G, next_pow2 of the largest dims)
+    torch.ops.optimus.grouped_linear(*gl_inputs(*warm), None, *warm, "none")
+    lw = ([100, 200], [64, 32])
+    lr = ([200, 100], [64, 32])                # same tuning key (widest class, total rows)
+    torch.ops.optimus.batched_layer_norm(torch.randn(100 * 64 + 200 * 32, device=dev), None, None, *lw, 1e-5)
+    x, w = gl_inputs(*race)
+    xl = torch.randn(200 * 64 + 100 * 32, device=dev, generator=g)
+    torch.cuda.synchronize()
+    sa, sb = torch.cuda.Stream(), torch.cuda.Stream()
+    with torch.cuda.stream(sa):
+        torch.cuda._sleep(int(3e8))            # ~0.15 s of GPU time ahead of the uploads on stream A
+        ya, _ = torch.ops.optimus.grouped_linear(x, w, None, *race, "none")
+        za, _ = torch.ops.optimus.batched_layer_norm(xl, None, None, *lr, 1e-5)
+    with torch.cuda.stream(sb):
+        yb, _ = torch.ops.optimus.grouped_linear(x, w, None, *race, "none")
+        zb, _ = torch.ops.optimus.batched_layer_norm(xl, None, None, *lr, 1e-5)
+    torch.cuda.synchronize()
+    want = gl_ref(x, w, *race)
+    zwant = torch.cat([torch.nn.functional.layer_norm(xl[:200 * 64].view(200, 64), (64,)).reshape(-1),
+                       torch.nn.functional.layer_norm(xl[200 * 64:].view(100, 32), (32,)).reshape(-1)])
+    for y in (ya, yb):
+        assert _rel(y, want) < 1e-5
+    for z in (za, zb):
+        assert _rel(z, zwant) < 1e-4
+
+
+def test_captured_graph_survives_signature_cache_clear_gpu():
+    """A CUDA graph that captured the packed ops reads their cached device tables at every replay;
+    clearing the signature caches (they are cleared when full) must not free those tables."""
+    glk, lnk = _eager._glk(), _eager._lnk()
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(11)
+    ms, ks, ns = [33, 70], [24, 40], [48, 16]
+    x = torch.randn(sum(m * k for m, k in zip(ms, ks)), device=dev, generator=g)
+    w = torch.randn(sum(n * k for n, k in zip(ns, ks)), device=dev, generator=g)
+    rows, widths = [33, 70], [48, 16]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):  # warm-up on the capture stream: tuned, tables cached for this stream
+            y, _ = torch.ops.optimus.grouped_linear(x, w, None, ms, ks, ns, "gelu")
+            z, _ = torch.ops.optimus.batched_layer_norm(y, None, None, rows, widths, 1e-5)
+        s.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=s):
+            y, _ = torch.ops.optimus.grouped_linear(x, w, None, ms, ks, ns, "gelu")
+            z, _ = torch.ops.optimus.batched_layer_norm(y, None, None, rows, widths, 1e-5)
+    torch.cuda.current_stream().wait_stream(s)
+    graph.replay()
+    torch.cuda.synchronize()
+    want_y, want_z = y.clone(), z.clone()
+    glk._SIGS.clear()
+    lnk._SIGS.clear()
+    __import__("gc").collect()
+    junk = [torch.full((n,), -(2 ** 40), dtype=torch.int64, device=dev) for n in (16, 32, 64, 96, 128, 256, 512)
+            for _ in range(32)]  # reuse any freed small block with garbage offsets
+    graph.replay()
+    torch.cuda.synchronize()
+    del junk
+    torch.testing.assert_close(y, want_y)
+    torch.testing.assert_close(z, want_z)
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_embedding_aligned_sparse_and_dense_tables_gpu(deterministic):
+    """16-byte-aligned tables (ALIGN > 1, vector loads / stores) where some tables are sparse: their
+    dense-gradient offset is -1, which the walk and segment kernels no longer hint as a multiple of
+    ALIGN (a false ``tl.multiple_of`` is undefined behaviour on the GPU only)."""
+    from embedding_testutil import check_case, make_case, to_device
+
+    c = make_case([1000, 4096, 64, 20_000], [16, 64, 128, 256], B=512, modes=["sum", "mean", "sum", "sum"],
+                  pads=[3, None, 0, None], max_bag=12, dtype=torch.bfloat16, psw=True, seed=12)
+    check_case(to_device(c, "cuda"), GPU_TOL[torch.bfloat16], form="packed", deterministic=deterministic,
+               sparse=[True, False, True, False])
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_tensors_on_a_device_that_is_not_current_gpu():
+    """Triton launches on the current device; the launchers switch to the tensors' device
+    (cuda:1 here, while cuda:0 is current) instead of running there with foreign pointers."""
+    from embedding_testutil import check_case, make_case, to_device
+
+    assert torch.cuda.current_device() == 0
+    dims = [(300, 33, 17), (64, 64, 128)]
+    xs, ws, bs = make_gl(dims, torch.bfloat16, device="cuda:1", seed=13)
+    check_gl(xs, ws, bs, "gelu", GPU_TOL[torch.bfloat16])
+    xs, ws, bs = make_ln([(100, 64), (37, 1000)], torch.bfloat16, device="cuda:1", seed=14)
+    check_ln(xs, ws, bs, GPU_TOL[torch.bfloat16])
+    c = make_case([1000, 64], [16, 64], B=64, modes=["sum", "mean"], dtype=torch.float32, seed=15)
+    check_case(to_device(c, "cuda:1"), 1e-4, form="packed")
+    assert torch.cuda.current_device() == 0
+
+
+def test_tanh_activation_is_accurate_near_zero_gpu():
+    """Compiled tanh epilogue (approximate exp / division on the GPU) stays within a few ulps of
+    torch.tanh, also for tiny pre-activations (the old 2 / (1 + exp(-2z)) - 1 returned 0 there)."""
+    from test_kernels_limits import max_tanh_ulps, tanh_points
+
+    z = tanh_points("cuda")
+    w = torch.ones(1, 1, device="cuda")
+    _ops.set_gl_route("triton")
+    try:
+        (y,) = K.grouped_linear([z[:, None]], [w], None, "tanh")
+    finally:
+        _ops.set_gl_route(None)
+    assert max_tanh_ulps(y[:, 0], z) <= 8
+
+
+def test_grouped_ops_under_cudagraph_trees_gpu(monkeypatch):
+    """The rules' custom ops compiled with mode="reduce-overhead" (cudagraph trees): warm-up,
+    record and replays leave no cached table in the graph pool ("tensors in the cudagraph pool
+    not tracked as outputs", H200 run 4) and replays match eager, training and inference."""
+    import optimus
+    from optimus import compile as oc
+    from optimus.models import get_model
+
+    monkeypatch.setenv(oc.CUDAGRAPH_KERNELS_ENV, "1")  # keep the kernel rules under CUDA graphs
+    for train in (False, True):
+        torch._dynamo.reset()
+        z = get_model("hetero_towers", "small", device="cuda")
+        ref = get_model("hetero_towers", "small", device="cuda")
+        fn = optimus.compile(z.model, mode="reduce-overhead", fullgraph=True)
+        for step in range(4):
+            torch.compiler.cudagraph_mark_step_begin()
+            with torch.set_grad_enabled(train):
+                out = fn(*z.inputs)
+                want = ref.model(*ref.inputs)
+            torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+            if train:
+                z.loss(out).backward()
+                ref.loss(want).backward()
+                for p, q in zip(z.model.parameters(), ref.model.parameters()):
+                    torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
+                    p.grad = q.grad = None
+        rules = {r for g in fn.optimus_report.graphs for r, s in g.rules.items() if s.matched}
+        assert rules & {"grouped_linear", "batched_layer_norm"}, rules

@@ -296,3 +296,12 @@ def test_the_planner_never_takes_a_group_the_rule_declines():
     assert not [d for g in report.graphs for d in g.decisions if d["rule"] == "batch_linear"]
     reasons = [r for g in report.graphs for r in g.rules["batch_linear"].declined]
     assert any("4 kernels would become 4" in r for r in reasons), reasons
+
+
+def test_cudagraph_kernels_env_keeps_the_kernel_rules(monkeypatch):
+    # OPTIMUS_CUDAGRAPH_KERNELS=1: the experiment that measures the capture-clean tables.
+    monkeypatch.setenv(oc.CUDAGRAPH_KERNELS_ENV, "1")
+    session = oc.Session(resolve("all"))
+    kept = session._without_capture_unsafe_rules(session.base_config, {"triton.cudagraphs": True})
+    assert kept.rules == session.base_config.rules
+    assert any(oc.CUDAGRAPH_KERNELS_ENV in n and "experimental" in n for n in session.report.notes)
