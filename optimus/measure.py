@@ -32,6 +32,7 @@ __all__ = [
     "generated_kernel_count",
     "median_step_ms",
     "peak_memory",
+    "peak_tensor_memory",
     "step_ms_medians",
     "synchronize",
 ]
@@ -251,6 +252,37 @@ def peak_memory(step_fn: Callable[[], Any], device: str | torch.device = "cpu") 
     step_fn()
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+def peak_tensor_memory(step_fn: Callable[[], Any]) -> int | None:
+    """Peak bytes of CPU tensors that ``step_fn`` allocates and holds at once, above what was
+    live when it started (parameters, inputs and anything older are not counted).
+
+    Read off the profiler's allocation events (``profile_memory=True``): every allocation and
+    free of the CPU allocator, in order, summed. Deterministic, unlike the resident set size,
+    which also holds the Python process, freed pages the allocator keeps and the compile's
+    leftovers. ``None`` when this torch's profiler gives no such events.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            step_fn()
+        cpu = torch.autograd.DeviceType.CPU
+        events = [
+            (e.start_ns(), e.nbytes())
+            for e in prof.profiler.kineto_results.events()  # type: ignore[union-attr]
+            if e.name() == "[memory]" and e.device_type() == cpu
+        ]
+    except Exception:  # pragma: no cover - a profiler without these fields
+        return None
+    if not events:
+        return None
+    live = peak = 0
+    for _, nbytes in sorted(events):
+        live += nbytes
+        peak = max(peak, live)
+    return peak
 
 
 def _reset_peak_rss() -> bool:

@@ -55,9 +55,9 @@ def _optimus(
 
         if mode is not None:
             compile_kwargs["mode"] = mode
-        return optimus.compile(
-            model, passes=passes, fullgraph=True, tune=tune, pack_parameters=pack, **compile_kwargs
-        )
+        if pack:
+            compile_kwargs["pack_parameters"] = True
+        return optimus.compile(model, passes=passes, fullgraph=True, tune=tune, **compile_kwargs)
 
     return wrap
 

@@ -432,6 +432,9 @@ def _peak_memory(step: Callable[[], Any], dev: torch.device) -> tuple[int, str]:
 
     if dev.type == "cuda":
         return measure.peak_memory(step, dev), "torch.cuda.max_memory_allocated over one step"
+    peak = measure.peak_tensor_memory(step)
+    if peak is not None:
+        return peak, "cpu: peak bytes of tensors allocated during one step (profiler allocation events; state live before the step not counted)"
     return measure.peak_memory(step, dev), "cpu: peak RSS over one step (VmHWM after reset; else the process high-water mark)"
 
 

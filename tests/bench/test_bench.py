@@ -373,3 +373,24 @@ def test_optimus_mode_detection_reads_the_error(monkeypatch) -> None:
         configs.optimus_mode_unsupported()
     monkeypatch.setattr(optimus, "compile", lambda model, **kw: model)
     assert configs.optimus_mode_unsupported() is None
+
+
+def test_cpu_peak_tensor_memory_counts_what_a_step_holds_at_once():
+    from optimus import measure
+
+    before = torch.zeros(1 << 20)  # live before the step: not counted
+
+    def two_at_once():
+        a = torch.ones(1 << 18)  # 1 MiB
+        b = torch.ones(1 << 18)  # 1 MiB, both live
+        return float((a + b).sum())  # + 1 MiB for the sum (a 4-byte result after)
+
+    def one_at_a_time():
+        for _ in range(3):
+            float(torch.ones(1 << 18).sum())  # 1 MiB, freed each time
+
+    peak2, peak1 = measure.peak_tensor_memory(two_at_once), measure.peak_tensor_memory(one_at_a_time)
+    assert peak2 is not None and peak1 is not None
+    assert 3 * 2**20 <= peak2 < 3 * 2**20 + 4096, peak2
+    assert 2**20 <= peak1 < 2**20 + 4096, peak1
+    del before
