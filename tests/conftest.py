@@ -35,3 +35,8 @@ def _fresh_dynamo():
     torch.manual_seed(0)
     yield
     torch._dynamo.reset()
+
+# The rules that emit our custom ops decline on CPU tensors by default (their CPU path is a
+# slow plain-torch reference: optimus/rules/_facts.py); the tests check those rewrites on the
+# CPU, so they run them (tests/rules/test_grouped_kernels.py checks the default decline).
+os.environ.setdefault("OPTIMUS_KERNEL_RULES_ON_CPU", "1")

@@ -53,7 +53,7 @@ from ..core.symbolic import concrete_int, fold_exact_floordiv, is_symbolic, know
 from ..core.view import GraphView, getitem_users, is_int
 from ..core.vocab import Call, ParamRef, register_extern_op
 from ..kernels.embedding_ops import MODES
-from ._facts import emittable_shape
+from ._facts import emittable_shape, kernel_op_device_problem
 
 GROUPED_OP = "grouped_embedding_bag"
 register_extern_op(GROUPED_OP, torch.ops.optimus.grouped_embedding_bag.default)
@@ -246,6 +246,10 @@ def _bags_key(bags: Any) -> Any:
 
 
 # ------------------------------------------------------------------------- conditions
+def _on_a_gpu(g: Group) -> str | None:
+    return kernel_op_device_problem(g.view, lookup_of(g.members[0], g.view).indices)
+
+
 def _every_lookup_supported(g: Group) -> str | None:
     """a lookup the grouped op cannot take"""
     return g.key[-1]
@@ -293,7 +297,7 @@ def _bag_size_args(lks: list[Lookup], b: Any) -> list[Any]:
 @group_rule(
     ("embedding", "embedding_bag"),
     key=_lookup_key,
-    where=[_every_lookup_supported, _fewer_launches],
+    where=[_every_lookup_supported, _on_a_gpu, _fewer_launches],
     priority=100,
     options={"deterministic": True},
 )

@@ -53,6 +53,7 @@ from ..core.group import Group, group_rule
 from ..core.rule import Builder
 from ..core.view import GraphView, is_int
 from ..core.vocab import Call, ParamRef, register_extern_op
+from ._facts import kernel_op_device_problem
 from .horizontal import long_reduction
 
 MAX_PACK_BYTES = 256 * 2**20
@@ -223,6 +224,10 @@ def _linear_key(call: Call, view: GraphView) -> Hashable:
     return ("grouped_linear", metas[0][:2], bias is not None)  # type: ignore[index]
 
 
+def _on_a_gpu(g: Group) -> str | None:
+    return kernel_op_device_problem(g.view, g.members[0].input)
+
+
 def _linear_shapes_differ(g: Group) -> str | None:
     shapes = {(_static_shape(g.view, c.input), _static_shape(g.view, c.args["weight"])) for c in g.members}
     return UNIFORM_LINEAR if len(shapes) == 1 else None
@@ -232,7 +237,7 @@ def _linear_shapes_differ(g: Group) -> str | None:
     "linear",
     key=_linear_key,
     levels=("torch_ir",),
-    where=[_linear_shapes_differ],
+    where=[_on_a_gpu, _linear_shapes_differ],
     priority=112,
     options={"max_pack_bytes": MAX_PACK_BYTES},
 )
@@ -310,7 +315,7 @@ def _mm_shapes_differ(g: Group) -> str | None:
     ("mm", "addmm"),
     key=_mm_key,
     levels=("aten_ir",),
-    where=[_graph_allows_grouping, _mm_shapes_differ, _no_long_reduction],
+    where=[_on_a_gpu, _graph_allows_grouping, _mm_shapes_differ, _no_long_reduction],
     priority=112,
     options={"max_pack_bytes": MAX_PACK_BYTES, "backward_graphs": False},
 )
@@ -360,7 +365,7 @@ def _layer_norm_shapes_differ(g: Group) -> str | None:
     "layer_norm",
     key=_layer_norm_key,
     levels=("torch_ir",),
-    where=[_layer_norm_shapes_differ],
+    where=[_on_a_gpu, _layer_norm_shapes_differ],
     priority=122,
     options={"max_pack_bytes": MAX_PACK_BYTES},
 )

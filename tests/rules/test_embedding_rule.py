@@ -406,3 +406,14 @@ def test_inductor_compiles_the_aten_ir_rewrite_of_jagged_bags():
         torch.testing.assert_close(compiled(xs, offs, ws), f(xs, offs, ws))
     matched = [g.rules[RULE].matched for g in compiled.optimus_report.graphs if RULE in g.rules]
     assert matched == [1]
+
+
+def test_cpu_tensors_decline_by_default(monkeypatch):
+    # the suite sets OPTIMUS_KERNEL_RULES_ON_CPU=1 (tests/conftest.py); without it CPU lookups
+    # keep Inductor's code (the op's CPU path is a plain-torch reference)
+    from optimus.rules import _facts
+
+    monkeypatch.setenv(_facts.KERNEL_RULES_ON_CPU_ENV, "0")
+    run = check_level(_three_bags(mode="sum"), [torch.randint(0, 10, (3, 3, 2))] + _tables(), "torch_ir")
+    assert grouped_ops(run) == []
+    assert _facts.CPU_REFERENCE_PATH in declines(run), declines(run)

@@ -337,3 +337,20 @@ def test_rewritten_graph_runs_the_triton_kernels_in_the_interpreter(monkeypatch)
         assert {"gl", "ln"} <= set(_routing._MODS)  # the kernel modules were launched
     finally:
         K.set_backend("auto")
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_kernel_rules_decline_on_cpu_tensors_by_default(level, monkeypatch):
+    # Outside the test suite's setting, CPU tensors keep Inductor's own code: the custom ops'
+    # CPU path is a slow plain-torch reference.
+    from optimus.rules import _facts
+
+    monkeypatch.setenv(_facts.KERNEL_RULES_ON_CPU_ENV, "0")
+    torch.manual_seed(14)
+    f, ps = params_as_inputs(HeteroTowers())
+    rule = "grouped_linear" if level == "torch_ir" else "grouped_mm"
+    run = check_level(f, [torch.randn(4, 25)] + ps, level, grad=level == "torch_ir")
+    assert run.matched(rule) == 0 and not any(custom_calls(g, "grouped_linear") for g in run.graphs)
+    assert declines(run, rule).get(_facts.CPU_REFERENCE_PATH, 0) >= 1, declines(run, rule)
+    if level == "torch_ir":
+        assert declines(run, "batched_layer_norm").get(_facts.CPU_REFERENCE_PATH, 0) >= 1
