@@ -5,6 +5,8 @@ Beyond upstream: cat then split with the same sections, and slices/selects of a 
 
 from __future__ import annotations
 
+import torch.fx as fx
+
 from ..core.pattern import Op, Var
 from ..core.rule import rule
 from ..core.symbolic import known_eq
@@ -54,9 +56,22 @@ def _sections_align_with_inputs(m):
     return m.getitems(m.split) is not None and _aligned_groups(m) is not None
 
 
+def _no_longer_lifetimes(m):
+    """the cat stays (it has other users), and reading its inputs instead would keep them alive next to it"""
+    cat = m.cat
+    if all(u is m.split for u in cat.users):
+        return True  # the cat goes: its buffer is saved
+    groups = _aligned_groups(m)
+    routed = [m.tensors[first] for first, last in groups if last - first == 1]
+    # An input that lives through the graph anyway (a graph input or parameter) costs nothing
+    # more; any other would now live until the split's users, next to the cat's own copy of
+    # it (measured: +25% peak on dhen inference, 192 -> 241 MiB on CPU).
+    return all(isinstance(t, fx.Node) and t.op in ("placeholder", "get_attr") for t in routed)
+
+
 @rule(
     Op("split", Op("cat", Var("tensors"), D).bind("cat"), Var("sizes"), D).bind("split"),
-    where=[_no_type_promotion, _sections_align_with_inputs],
+    where=[_no_type_promotion, _sections_align_with_inputs, _no_longer_lifetimes],
     priority=20,
 )
 def cat_split_to_inputs(m, b):

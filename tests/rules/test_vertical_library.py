@@ -111,6 +111,36 @@ def test_cat_split_to_inputs(level, sizes, widths):
     assert run.ops(0)["split"] == 0
 
 
+def test_cat_split_keeps_the_cat_when_it_stays_and_its_inputs_would_live_longer(level):
+    # The cat has another user, so it stays; handing its inputs (computed here) to the split's
+    # users would keep them alive next to the cat's copy of them: declined, for memory.
+    def f(a, b):
+        y = torch.cat([a * 2, b * 3], 1)
+        p, q = y.split([3, 5], 1)
+        return y.sum(1), p.exp(), q.exp()
+
+    run = check_level(f, [torch.randn(2, 3), torch.randn(2, 5)], level)
+    assert run.matched("cat_split_to_inputs") == 0
+    why = "the cat stays (it has other users), and reading its inputs instead would keep them alive next to it"
+    assert any(why in r for rep in run.reports for g in rep.graphs for r in g.rules.get("cat_split_to_inputs", _NONE).declined), \
+        "no decline reason"
+    # graph inputs live throughout: nothing lives longer, rewritten
+    def g(a, b):
+        y = torch.cat([a, b], 1)
+        p, q = y.split([3, 5], 1)
+        return y.sum(1), p.exp(), q.exp()
+
+    run = check_level(g, [torch.randn(2, 3), torch.randn(2, 5)], level)
+    assert run.matched("cat_split_to_inputs") >= 1
+
+
+class _NoStats:
+    declined: dict = {}
+
+
+_NONE = _NoStats()
+
+
 def test_cat_split_misaligned_left_alone(level):
     f = lambda a, b: [p * 2 for p in torch.cat([a, b], 1).split([2, 6], 1)]  # noqa: E731
     run = check_level(f, [torch.randn(2, 3), torch.randn(2, 5)], level)
