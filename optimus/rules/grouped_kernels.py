@@ -28,9 +28,10 @@ Levels:
   ``backward_graphs=True`` (off by default until measured on the GPU), on backward graphs
   (``tangents``), where the independent dX / dW matmuls of different shapes of layers the
   Torch-IR rule did not group become one grouped GEMM; their results, the gradients, are
-  disjoint chunks of one buffer. A member whose reduction is long against its outputs (a
-  weight gradient over many tokens: ``horizontal.long_reduction``) declines the group: the
-  grouped forward kernel does not split its reduction, one mm per member does. LayerNorm
+  disjoint chunks of one buffer. Members whose reduction is long against their outputs (a
+  weight gradient over many tokens: ``horizontal.long_reduction``) form a group of their own,
+  which declines: the grouped forward kernel does not split its reduction, one mm per member
+  does. LayerNorm
   is decomposed at Aten-IR (var_mean, sub, mul, ...): there is no layer_norm op to anchor
   on, so the LayerNorm rule is Torch-IR only.
 
