@@ -13,7 +13,8 @@ import contextlib
 import importlib
 import importlib.util
 import os
-from typing import Optional
+import warnings
+from typing import Any, Optional
 
 import torch
 
@@ -162,3 +163,14 @@ def next_pow2(n: int) -> int:
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def past_int32_limits(sig: Any) -> bool:
+    """Whether a kernel signature exceeds the kernels' int32 indexing (its ``limit_reason``);
+    warned once per signature, since such a group then runs on the plain-torch path."""
+    if sig.limit_reason is None:
+        return False
+    if not getattr(sig, "_warned", False):
+        sig._warned = True
+        warnings.warn(sig.limit_reason + "; this group runs on the plain-torch path", RuntimeWarning, stacklevel=3)
+    return True

@@ -44,7 +44,6 @@ Launch count: forward 1; backward 2.
 
 from __future__ import annotations
 
-import warnings
 from typing import Optional, Sequence
 
 import numpy as np
@@ -54,7 +53,7 @@ import triton.language as tl
 
 from . import _devtables as _dt
 from . import reference as ref
-from ._common import cdiv, device_guard, interpret_mode, num_sms
+from ._common import cdiv, device_guard, interpret_mode, num_sms, past_int32_limits
 
 NCOL = 16
 L_D = tl.constexpr(0)
@@ -633,16 +632,6 @@ def _check_limits(sig):
         raise ValueError(sig.limit_reason)
 
 
-def _too_big(sig) -> bool:
-    """Whether ``sig`` exceeds the kernels' int32 indexing (warned once per signature)."""
-    if sig.limit_reason is None:
-        return False
-    if not getattr(sig, "_warned", False):
-        sig._warned = True
-        warnings.warn(sig.limit_reason + "; this group runs on the plain-torch path", RuntimeWarning, stacklevel=3)
-    return True
-
-
 def launch_forward(sig, gtab, x, y, w, b, stats, eps, align):
     _check_limits(sig)
     if sig.n_chunks == 0:
@@ -682,7 +671,7 @@ def launch_backward(sig, gtab, x, dy, dx, w, stats, dw, db, has_b, align):
 
 def forward_packed(x, w, b, rows, widths, eps):
     sig = signature(rows, widths, x.device)
-    if _too_big(sig):
+    if past_int32_limits(sig):
         return ref.batched_layer_norm_packed(x, w, b, rows, widths, eps)
     y = torch.empty(sig.tot_x, dtype=x.dtype, device=x.device)
     stats = torch.empty(2, sig.tot_rows, dtype=torch.float32, device=x.device)
@@ -694,7 +683,7 @@ def forward_packed(x, w, b, rows, widths, eps):
 
 def backward_packed(dy, x, w, stats, rows, widths, has_b, need_dx, need_dw, need_db):
     sig = signature(rows, widths, x.device)
-    if _too_big(sig):
+    if past_int32_limits(sig):
         return ref.batched_layer_norm_backward_packed(dy, x, w, stats, rows, widths, has_b, need_dx, need_dw,
                                                       need_db)
     dev = x.device

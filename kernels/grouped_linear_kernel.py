@@ -64,7 +64,6 @@ Launch count: forward 1; backward 2 GEMM kernels + a memset of the fp32 workspac
 from __future__ import annotations
 
 import os
-import warnings
 from typing import Optional, Sequence
 
 import numpy as np
@@ -75,7 +74,7 @@ import triton.language as tl
 from . import _devtables as _dt
 from . import reference as ref
 from ._common import (ACTIVATIONS, NEEDS_PREACT, cdiv, device_guard, interpret_mode, next_pow2, num_sms,
-                      torch_allows_tf32)
+                      past_int32_limits, torch_allows_tf32)
 
 # ---------------------------------------------------------------------------------------------
 # metadata table layout: int64 [G, NCOL], one row per member
@@ -780,19 +779,9 @@ def launch_dw(sig, tab, dy, aux, x, ws, has_bias, act, align):
 # ---------------------------------------------------------------------------------------------
 # packed convention (used by the custom ops)
 # ---------------------------------------------------------------------------------------------
-def _too_big(sig) -> bool:
-    """Whether ``sig`` exceeds the kernels' int32 indexing (warned once per signature)."""
-    if sig.limit_reason is None:
-        return False
-    if not getattr(sig, "_warned", False):
-        sig._warned = True
-        warnings.warn(sig.limit_reason + "; this group runs on the plain-torch path", RuntimeWarning, stacklevel=3)
-    return True
-
-
 def forward_packed(x, w, b, ms, ks, ns, act):
     sig = signature(ms, ks, ns)
-    if _too_big(sig):
+    if past_int32_limits(sig):
         return ref.grouped_linear_packed(x, w, b, ms, ks, ns, act)
     tabs = sig.packed_tables(x.device)
     y = torch.empty(sig.tot_y, dtype=x.dtype, device=x.device)
@@ -805,7 +794,7 @@ def forward_packed(x, w, b, ms, ks, ns, act):
 
 def backward_packed(dy, x, w, aux, ms, ks, ns, act, has_bias, need_dx, need_dw, need_db):
     sig = signature(ms, ks, ns)
-    if _too_big(sig):
+    if past_int32_limits(sig):
         return ref.grouped_linear_backward_packed(dy, x, w, aux, ms, ks, ns, act, has_bias, need_dx, need_dw,
                                                   need_db)
     dev = x.device

@@ -185,18 +185,12 @@ def separate_compile_metrics() -> Iterator[None]:
 # raises RuntimeError ("mix of the legacy and new APIs"). Setting the legacy flag stays allowed.
 
 
-def _tf32_allowed(backend: Any) -> bool:
-    precision = getattr(backend, "fp32_precision", None)
-    if isinstance(precision, str) and precision != "none":
-        return precision == "tf32"
-    if precision == "none":
-        return torch.backends.fp32_precision == "tf32" if hasattr(torch.backends, "fp32_precision") else False
-    return bool(backend.allow_tf32)  # torch < 2.9
-
-
 def cuda_matmul_allows_tf32() -> bool:
-    """Whether torch's fp32 CUDA matmuls may run in TF32 now (either API)."""
-    return _tf32_allowed(torch.backends.cuda.matmul)
+    """Whether torch's fp32 CUDA matmuls may run in TF32 now (either API): the kernels' own
+    reader (``kernels/_common.torch_allows_tf32``), so both sides agree."""
+    from .kernels._common import torch_allows_tf32
+
+    return torch_allows_tf32()
 
 
 @contextlib.contextmanager
@@ -204,15 +198,16 @@ def tf32(enabled: bool, cudnn: bool = False) -> Iterator[None]:
     """TF32 on or off for CUDA matmuls (and cuDNN with ``cudnn=True``) inside; restored after,
     through the API that holds the old setting."""
     backends = [torch.backends.cuda.matmul] + ([torch.backends.cudnn] if cudnn else [])
+    # the new API's value where torch has it (reading the legacy flag could raise), else the legacy one
     old = [(b, getattr(b, "fp32_precision", None)) for b in backends]
-    legacy = [(b, _tf32_allowed(b)) for b in backends]
+    old = [(b, p if isinstance(p, str) else bool(b.allow_tf32)) for b, p in old]
     for b in backends:
         b.allow_tf32 = enabled
     try:
         yield
     finally:
-        for (b, precision), (_, allowed) in zip(old, legacy):
-            if isinstance(precision, str):
-                b.fp32_precision = precision
+        for b, value in old:
+            if isinstance(value, str):
+                b.fp32_precision = value
             else:  # pragma: no cover - torch < 2.9
-                b.allow_tf32 = allowed
+                b.allow_tf32 = value

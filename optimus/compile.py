@@ -139,10 +139,9 @@ class Session:
         if current is not None and level != "torch_ir":
             return current  # named by the per-graph ladder: the same at every level
         if level == "aten_ir":
-            names = [n.name for n in graph.nodes if n.op == "placeholder"]
-            kind = "backward" if any(n.startswith("tangents") for n in names) else (
-                "forward" if any(n.startswith("primals") for n in names) else "inference"
-            )
+            from .aten_ir.view import graph_kind
+
+            kind = graph_kind(graph)
         else:
             kind = "graph"
         idx = self._names[f"{level}:{kind}"]

@@ -147,6 +147,16 @@ def bind_schema(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[
     return out
 
 
+def graph_kind(graph: fx.Graph) -> str:
+    """Which graph AOTAutograd handed over, by its placeholder names: ``"backward"`` (it takes
+    ``tangents``), ``"forward"`` (a partitioned training forward: ``primals``, no
+    ``tangents``) or ``"inference"``."""
+    names = [n.name for n in graph.nodes if n.op == "placeholder"]
+    if any(n.startswith("tangents") for n in names):
+        return "backward"
+    return "forward" if any(n.startswith("primals") for n in names) else "inference"
+
+
 class AtenIRView(GraphView):
     level = "aten_ir"
     meta_key = "val"
@@ -266,8 +276,7 @@ class AtenIRView(GraphView):
     def protected_outputs(self) -> int | None:
         # A training forward graph returns (tokens, mutated inputs, user outputs,
         # intermediate bases, rng offset) and then the activations saved for backward.
-        names = [n.name for n in self.graph.nodes if n.op == "placeholder"]
-        if not any(n.startswith("primals") for n in names) or any(n.startswith("tangents") for n in names):
+        if self.graph_kind() != "forward":
             return None
         try:
             ctx = torch._guards.TracingContext.try_get()
@@ -276,8 +285,11 @@ class AtenIRView(GraphView):
         except Exception:
             return None
 
+    def graph_kind(self) -> str:
+        return graph_kind(self.graph)
+
     def outputs_are_gradients(self) -> bool:
-        return any(n.op == "placeholder" and n.name.startswith("tangents") for n in self.graph.nodes)
+        return self.graph_kind() == "backward"
 
     def mutated_inputs(self, node: fx.Node) -> list[fx.Node]:
         target = node.target

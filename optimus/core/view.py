@@ -387,6 +387,11 @@ class GraphView:
         """
         return None
 
+    def graph_kind(self) -> str:
+        """What the graph computes: ``"graph"`` at levels that do not tell; at Aten-IR
+        ``"inference"``, ``"forward"`` (a partitioned training forward) or ``"backward"``."""
+        return "graph"
+
     def outputs_are_gradients(self) -> bool:
         """Is this a backward graph, whose outputs are gradients handed to autograd?
 

@@ -257,15 +257,6 @@ def grouped_linear(g: Group, b: Builder) -> dict[fx.Node, fx.Node]:
 
 
 # -------------------------------------------------------------- Aten-IR mm / addmm
-def _graph_kind(view: GraphView) -> str:
-    """``"backward"`` (it takes ``tangents``), ``"forward"`` (a partitioned training forward:
-    ``primals``, no ``tangents``) or ``"inference"``, by AOTAutograd's placeholder names."""
-    names = [n.name for n in view.graph.nodes if n.op == "placeholder"]
-    if any(n.startswith("tangents") for n in names):
-        return "backward"
-    return "forward" if any(n.startswith("primals") for n in names) else "inference"
-
-
 def _mm_key(call: Call, view: GraphView) -> Hashable:
     a = call.args
     x, m2 = a["input"], a["mat2"]
@@ -290,7 +281,7 @@ def _mm_key(call: Call, view: GraphView) -> Hashable:
 
 
 def _graph_allows_grouping(g: Group) -> str | None:
-    kind = _graph_kind(g.view)
+    kind = g.view.graph_kind()
     if kind == "forward":
         return TRAINING_GRAPH
     if kind == "backward" and not g.options.get("backward_graphs", False):
