@@ -254,6 +254,26 @@ def peak_memory(step_fn: Callable[[], Any], device: str | torch.device = "cpu") 
     return int(rss if sys.platform == "darwin" else rss * 1024)
 
 
+def peak_step_memory_cuda(step_fn: Callable[[], Any], device: str | torch.device) -> tuple[int, int]:
+    """``(own, total)`` peak bytes of one CUDA step: ``own`` is the peak above what was
+    allocated when the step started (activations, temporaries, workspaces, gradients the
+    step allocates), ``total`` is ``torch.cuda.max_memory_allocated`` over the step.
+
+    ``own`` is what a graph rewrite changes; ``total`` also holds parameters, optimizer
+    state, inputs and whatever else the process keeps (a benchmark worker holds the eager
+    references and earlier rows' leftovers), so totals of rows measured in different
+    processes are not comparable.
+    """
+    dev = torch.device(device)
+    synchronize(dev)
+    before = int(torch.cuda.memory_allocated(dev))
+    torch.cuda.reset_peak_memory_stats(dev)
+    step_fn()
+    synchronize(dev)
+    total = int(torch.cuda.max_memory_allocated(dev))
+    return max(total - before, 0), total
+
+
 def peak_tensor_memory(step_fn: Callable[[], Any]) -> int | None:
     """Peak bytes of CPU tensors that ``step_fn`` allocates and holds at once, above what was
     live when it started (parameters, inputs and anything older are not counted).

@@ -373,7 +373,7 @@ def run_config(
                         row["memory_method"] = ("n/a under CUDA graphs: the graph's pool is allocated at capture, "
                                                 "so max_memory_allocated over a replay does not see it")
                     else:
-                        row["peak_memory_bytes"], row["memory_method"] = _peak_memory(runner.step, dev)
+                        row["peak_memory_bytes"], row["memory_method"], row["peak_memory_total_bytes"] = _peak_memory(runner.step, dev)
             row["step_ms"] = ms
             if opts.repeats > 1:
                 row["step_ms_repeats"] = medians
@@ -427,15 +427,17 @@ def _optimus_summary(fn: Any) -> dict[str, Any]:
         return {"optimus_rules": None, "optimus_errors": [f"report unavailable: {_describe(e)}"]}
 
 
-def _peak_memory(step: Callable[[], Any], dev: torch.device) -> tuple[int, str]:
+def _peak_memory(step: Callable[[], Any], dev: torch.device) -> tuple[int, str, int | None]:
+    """``(peak bytes of the step's own memory, method, process total or None)``."""
     from .. import measure
 
     if dev.type == "cuda":
-        return measure.peak_memory(step, dev), "torch.cuda.max_memory_allocated over one step"
+        own, total = measure.peak_step_memory_cuda(step, dev)
+        return own, "cuda: peak bytes allocated during one step above what was live before it (max_memory_allocated - memory_allocated)", total
     peak = measure.peak_tensor_memory(step)
     if peak is not None:
-        return peak, "cpu: peak bytes of tensors allocated during one step (profiler allocation events; state live before the step not counted)"
-    return measure.peak_memory(step, dev), "cpu: peak RSS over one step (VmHWM after reset; else the process high-water mark)"
+        return peak, "cpu: peak bytes of tensors allocated during one step (profiler allocation events; state live before the step not counted)", None
+    return measure.peak_memory(step, dev), "cpu: peak RSS over one step (VmHWM after reset; else the process high-water mark)", None
 
 
 def _describe(e: BaseException) -> str:

@@ -253,6 +253,55 @@ def codegen_replacements(node: Any) -> tuple[set[str], set[str]]:
         return set(call_safely(node.get_buffer_names, ())), set()
 
 
+def split_reduction_sizes(nodes: Iterable[Any]) -> list[tuple[Any, Any]] | None:
+    """The original ``(numel, reduction numel)`` of each split reduction among ``nodes``'
+    operations when every reduction among them was split (``ir.Reduction`` splits a long
+    reduction in two stages and records the sizes it had: ``_original_ranges``,
+    ``_original_reduction_ranges``), else None.
+
+    Inductor reads such a kernel's iteration space off those sizes
+    (``MixOrderReduction.get_numel_rnumel``, torch 2.11 to 2.15) and asserts they agree,
+    so a kernel holding split reductions of different original sizes makes its own fusion
+    check raise (``AssertionError: 64 v.s. 2112``). None also when this torch records
+    no such sizes.
+    """
+    out: list[tuple[Any, Any]] = []
+    try:
+        from torch._inductor.utils import sympy_product
+
+        for node in nodes:
+            for leaf in call_safely(node.get_nodes, [node]) or [node]:
+                ir = getattr(leaf, "node", None)
+                if not (_is_kind(leaf, "SchedulerNode") and call_safely(leaf.is_reduction, False) and _is_kind(ir, "ComputedBuffer")):
+                    continue
+                if getattr(ir, "_split_size", None) is None:
+                    return None
+                ranges = getattr(ir, "_original_ranges", None)
+                rranges = getattr(ir, "_original_reduction_ranges", None)
+                if ranges is None or rranges is None:
+                    return None
+                out.append((sympy_product(ranges), sympy_product(rranges)))
+    except Exception:
+        return None
+    return out or None
+
+
+def split_sizes_disagree(nodes: Iterable[Any]) -> bool:
+    """Would one kernel of ``nodes`` hold split reductions of different original sizes?"""
+    sizes = split_reduction_sizes(nodes)
+    if not sizes:
+        return False
+    first = sizes[0]
+
+    def same(a: Any, b: Any) -> bool:
+        try:
+            return bool(V.graph.sizevars.statically_known_equals(a, b))
+        except Exception:
+            return a == b
+
+    return not all(same(x, first[0]) and same(r, first[1]) for x, r in sizes[1:])
+
+
 def removed_buffers() -> set[str]:
     """``V.graph.removed_buffers`` now (buffers Inductor already dropped, e.g. dead ones)."""
     return set(call_safely(lambda: V.graph.removed_buffers, ()))

@@ -54,6 +54,11 @@ LEFT_ALONE = (
     "short and long reductions and tilings into separate launches)"
 )
 
+SPLIT_SIZES = (
+    "both hold reductions Inductor split in two stages, of different original sizes; Inductor's own "
+    "fusion check assumes one size per kernel and fails on such a kernel (compat.split_sizes_disagree)"
+)
+
 
 # ----------------------------------------------------------------------- pass objects
 class InductorIRPass(UuidKeyed, *compat.PASS_BASES):  # type: ignore[misc]
@@ -310,6 +315,8 @@ class Driver:
         if compat.call_safely(a.get_device, None) != compat.call_safely(b.get_device, None):
             raise Decline("different device")
         self._comm_check(a, b)
+        if compat.split_sizes_disagree([a, b]):
+            raise Decline(SPLIT_SIZES)
         reach = self.view.reach
         for x, y in ((a, b), (b, a)):
             if reach.reaches(x, y):
@@ -514,6 +521,8 @@ class Driver:
                     if compat.call_safely(a.get_device, None) != compat.call_safely(b.get_device, None):
                         raise Decline("different device")
                     self._comm_check(a, b)
+                    if compat.split_sizes_disagree([a, b]):
+                        raise Decline(SPLIT_SIZES)
                     self._conditions(rule, m)
                     action = rule.replace(m, FusionBuilder())
                     if action is None:

@@ -360,3 +360,59 @@ def test_a_combo_keeps_only_the_members_inductor_launches_together(fake_gpu, mon
     notes = [n for g in run.graphs() for n in g.notes]
     assert any("op0 + op1 -> one combo launch" in n for n in notes), notes
     assert not _failed_compiles(run)
+
+
+def _column_sums(a, b, c):
+    """Column sums Inductor splits in two stages (long, narrow reductions); the three first
+    stages share one iteration space (16384 x 128) though the sums' own sizes differ
+    (64, 128, 256 columns). Inductor's fusion check asserts one original size per kernel
+    (``MixOrderReduction.get_numel_rnumel``): the H200 runs' ``AssertionError: 64 v.s. 2112``
+    on interformer and dhen training."""
+    return (a * 2).sum(0), (b * 2).sum(0), (c * 2).sum(0)
+
+
+def _column_sum_inputs():
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(32768, 64, generator=g), torch.randn(16384, 128, generator=g), torch.randn(8192, 256, generator=g)]
+
+
+INDEPENDENT = {"inductor_ir": ["fuse_independent_kernels"]}
+
+
+@needs_hooks
+def test_split_reductions_of_different_sizes_are_not_fused(fake_gpu, monkeypatch):
+    run = run_compiled(_column_sums, _column_sum_inputs(), INDEPENDENT, grad=False)
+    assert not run.report.errors()
+    assert run.matched("fuse_independent_kernels") == 0
+    assert run.declines("fuse_independent_kernels").get(passes.SPLIT_SIZES) == 2
+    # the check is what stops the failure: without it the third candidate's fusion check raises
+    monkeypatch.setattr(compat, "split_sizes_disagree", lambda nodes: False)
+    bare = run_compiled(_column_sums, _column_sum_inputs(), INDEPENDENT, grad=False)
+    assert any("AssertionError: 64 v.s. 128" in e for e in bare.report.errors()), bare.report.errors()
+
+
+def test_split_sizes_of_stand_ins():
+    class ComputedBuffer:
+        def __init__(self, split, ranges, rranges):
+            self._split_size, self._original_ranges, self._original_reduction_ranges = split, ranges, rranges
+
+    class SchedulerNode:
+        def __init__(self, ir, reduction=True):
+            self.node, self._reduction = ir, reduction
+
+        def is_reduction(self):
+            return self._reduction
+
+        def get_nodes(self):
+            return [self]
+
+    a = SchedulerNode(ComputedBuffer(256, [64], [32768]))
+    b = SchedulerNode(ComputedBuffer(128, [128], [16384]))
+    a2 = SchedulerNode(ComputedBuffer(256, [64], [32768]))
+    plain = SchedulerNode(ComputedBuffer(None, [64], [128]))
+    assert compat.split_reduction_sizes([a, b]) == [(64, 32768), (128, 16384)]
+    assert compat.split_sizes_disagree([a, b])
+    assert not compat.split_sizes_disagree([a, a2])
+    # a reduction that was not split: Inductor reads the kernel's own group, nothing to assert
+    assert compat.split_reduction_sizes([a, plain]) is None and not compat.split_sizes_disagree([a, b, plain])
+    assert not compat.split_sizes_disagree([SchedulerNode(None, reduction=False)])
