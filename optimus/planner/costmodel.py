@@ -234,18 +234,35 @@ def _time_cuda(fn: Any, repeats: int, inner: int = 1) -> float:
     return times[len(times) // 2]
 
 
+_CAPTURE_STREAMS: dict[int, Any] = {}
+
+
+def _capture_stream() -> Any:
+    """One side stream per device for every probe capture (warm-up and capture both run
+    on it). cuBLAS keeps a workspace per stream it ran on for the life of the process
+    (32 MiB on an H200), so a fresh stream per probe matmul held 4 x 32 MiB of
+    allocated memory afterwards (H200 run 8: +128 MiB in every later row of the worker
+    that probed)."""
+    dev = torch.cuda.current_device()
+    if dev not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[dev] = torch.cuda.Stream()
+    return _CAPTURE_STREAMS[dev]
+
+
 def _graph_us(fn: Any, n: int) -> float:
     """Device microseconds of one ``fn``: ``n`` calls captured in a CUDA graph, replayed."""
-    s = torch.cuda.Stream()
+    s = _capture_stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         fn()
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with torch.cuda.graph(g, stream=s):
         for _ in range(n):
             fn()
-    return _time_cuda(g.replay, 5) / n
+    us = _time_cuda(g.replay, 5) / n
+    del g  # its pool (the captured outputs) goes back now
+    return us
 
 
 def _probe_cuda(device: torch.device, repeats: int) -> DeviceProfile:

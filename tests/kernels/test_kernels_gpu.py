@@ -342,8 +342,9 @@ def test_embedding_aligned_sparse_and_dense_tables_gpu(deterministic):
     ALIGN (a false ``tl.multiple_of`` is undefined behaviour on the GPU only)."""
     from embedding_testutil import check_case, make_case, to_device
 
+    # no per-sample weights: like torch's embedding_bag, the op takes them with mode "sum" only
     c = make_case([1000, 4096, 64, 20_000], [16, 64, 128, 256], B=512, modes=["sum", "mean", "sum", "sum"],
-                  pads=[3, None, 0, None], max_bag=12, dtype=torch.bfloat16, psw=True, seed=12)
+                  pads=[3, None, 0, None], max_bag=12, dtype=torch.bfloat16, psw=False, seed=12)
     check_case(to_device(c, "cuda"), GPU_TOL[torch.bfloat16], form="packed", deterministic=deterministic,
                sparse=[True, False, True, False])
 
@@ -384,9 +385,12 @@ def test_grouped_ops_under_cudagraph_trees_gpu(monkeypatch):
     """The rules' custom ops compiled with mode="reduce-overhead" (cudagraph trees): warm-up,
     record and replays leave no cached table in the graph pool ("tensors in the cudagraph pool
     not tracked as outputs", H200 run 4) and replays match eager, training and inference."""
+    import importlib
+
     import optimus
-    from optimus import compile as oc
     from optimus.models import get_model
+
+    oc = importlib.import_module("optimus.compile")  # the module; ``optimus.compile`` is the function
 
     monkeypatch.setenv(oc.CUDAGRAPH_KERNELS_ENV, "1")  # keep the kernel rules under CUDA graphs
     for train in (False, True):
