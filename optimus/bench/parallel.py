@@ -365,8 +365,10 @@ def run_parallel(
         while pending or any(w.task is not None for w in pool):
             for w in pool:
                 if w.task is None and pending:
-                    if not fits(pending[0]):
-                        pending.clear()  # the deadline: start nothing more
+                    # the deadline: rows expected to end past it are not started (time only
+                    # runs on, so they are dropped); shorter ones still are
+                    pending[:] = [t for t in pending if fits(t)]
+                    if not pending:
                         break
                     w.task, w.started = pending.pop(0), time.perf_counter()
                     w.tasks.put(w.task)

@@ -394,3 +394,13 @@ def test_cpu_peak_tensor_memory_counts_what_a_step_holds_at_once():
     assert 3 * 2**20 <= peak2 < 3 * 2**20 + 4096, peak2
     assert 2**20 <= peak1 < 2**20 + 4096, peak1
     del before
+
+
+@pytest.mark.slow
+def test_deadline_drops_only_the_rows_that_would_end_past_it() -> None:
+    """A row expected to outlast the budget is not started; shorter rows still run (the
+    longest expected row once came first and stopped the whole plan: H200 run 8)."""
+    opts = harness.BenchOptions(device="cpu", size="small", iters=1, warmup=0)
+    rows = parallel.run_parallel(["dlrm", "towers32"], ["infer"], ["eager"], opts, workers=1,
+                                 deadline=time.perf_counter() + 120, prior={"dlrm/infer/eager": 1e6})
+    assert [r["model"] for r in rows] == ["towers32"] and rows[0]["status"] == "ok"
