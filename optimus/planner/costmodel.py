@@ -239,10 +239,9 @@ _CAPTURE_STREAMS: dict[int, Any] = {}
 
 def _capture_stream() -> Any:
     """One side stream per device for every probe capture (warm-up and capture both run
-    on it). cuBLAS keeps a workspace per stream it ran on for the life of the process
-    (32 MiB on an H200), so a fresh stream per probe matmul held 4 x 32 MiB of
-    allocated memory afterwards (H200 run 8: +128 MiB in every later row of the worker
-    that probed)."""
+    on it). cuBLAS keeps workspaces per stream it ran on for the life of the process, so
+    a fresh stream per probe matmul left 128 MiB allocated (H200 run 8: in every later row
+    of the benchmark worker that probed); with one stream, 64 MiB (run 9)."""
     dev = torch.cuda.current_device()
     if dev not in _CAPTURE_STREAMS:
         _CAPTURE_STREAMS[dev] = torch.cuda.Stream()

@@ -12,7 +12,9 @@ keeps the rewrite only when the new side is cheaper. Each node is one of:
   ``2 * M * N * K`` FLOPs at the rate its tiles achieve (``costmodel.matmul_rate``);
 * an op outside the vocabulary that a rule emitted (a custom op such as
   ``optimus::grouped_linear``): one kernel moving its bytes and doing the arithmetic of
-  the members it replaces (``Work``), at the occupancy of all their tiles together;
+  the members it replaces (``Work``), at the occupancy of all their tiles together; when
+  launched (not under CUDA graphs) an ``optimus::`` op also pays its host call, several
+  launches' worth (``custom_op_host_us``: Python argument handling, tables, the launch);
 * anything else: one kernel moving its inputs' and outputs' bytes.
 
 Every kernel costs at least the kernel floor; when kernels are launched one by one (not
@@ -57,6 +59,7 @@ class Work:
     flops: float = 0.0
     tiles: int = 0
     dtype: str = "fp32"
+    members: int = 0
 
 
 @dataclasses.dataclass
@@ -112,6 +115,7 @@ def work(view: GraphView, nodes: Iterable[fx.Node]) -> Work:
     """The matmul FLOPs and output tiles of ``nodes`` (the members of a group)."""
     total = Work()
     for node in nodes:
+        total.members += 1
         call = view.classify(node)
         outs = tensors_of(_value(view, node))
         if call is None or call.op not in MATMUL_OPS or not outs:
@@ -121,6 +125,29 @@ def work(view: GraphView, nodes: Iterable[fx.Node]) -> Work:
         total.tiles += costmodel.matmul_tiles(m, n, batch)
         total.dtype = costmodel.dtype_class(outs[0].dtype)
     return total
+
+
+# Host time of one call of an ``optimus::`` kernel op from a compiled graph, launched one
+# by one, in kernel launches of that graph (the profile's ``launch_us``): a fixed part and
+# a part per member (argument lists, pointer tables). From the H200 host (run 9,
+# 2026-12-01): the op's eager forward takes 130 + 13 * G µs (kernels.bench_grouped:
+# grouped linear G=4 0.18 ms, G=16 0.33 ms, G=64 0.97 ms; its device time a few µs), and
+# Inductor's generated code spends about 30 µs per kernel in launch-bound graphs
+# (hetero_towers inference 2.0 ms for 62 kernels, towers32 2.3 ms for 66), which the
+# cost model charges as one launch (11.5 µs probed): so one call counts as
+# 130 / 30 + 13 / 30 * G launches. The backward op costs as much again. Under CUDA graphs
+# a replay launches from the device: nothing.
+CUSTOM_OP_HOST_LAUNCHES = (4.3, 0.43)
+
+
+def custom_op_host_us(node: fx.Node, members: int, p: DeviceProfile, launched: bool) -> float:
+    """The host time of one call of an ``optimus::`` op (0 for anything else or under CUDA graphs)."""
+    name = getattr(node.target, "name", None)
+    qual = name() if callable(name) else str(node.target)
+    if not launched or node.op != "call_function" or not qual.startswith("optimus::"):
+        return 0.0
+    fixed, per_member = CUSTOM_OP_HOST_LAUNCHES
+    return p.launch_us * (fixed + per_member * max(members, 1))
 
 
 def node_cost(view: GraphView, node: fx.Node, p: DeviceProfile, launched: bool, training: bool = False, opaque: Work | None = None) -> Cost:
@@ -155,16 +182,17 @@ def node_cost(view: GraphView, node: fx.Node, p: DeviceProfile, launched: bool, 
         if grad:
             cost.add(2 * one, 2)  # dX and dW: about the same work each
         return cost
+    host = custom_op_host_us(node, opaque.members if opaque is not None else 1, p, launched) if call is None else 0.0
     if call is None and opaque is not None and opaque.flops:
         one = costmodel.kernel_us(p, in_bytes + out_bytes, opaque.flops, opaque.dtype, opaque.tiles or None, launched)
-        cost.add(one)
+        cost.add(one + host)
         if grad:
-            cost.add(2 * one, 2)
+            cost.add(2 * one + host, 2)
         return cost
     one = costmodel.kernel_us(p, in_bytes + out_bytes, launched=launched)
-    cost.add(one)
+    cost.add(one + host)
     if grad:
-        cost.add(one)
+        cost.add(one + host)
     return cost
 
 

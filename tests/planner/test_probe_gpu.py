@@ -9,8 +9,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def test_probe_leaves_little_allocated():
-    """What the probe leaves allocated is at most one side stream's cuBLAS workspace (it
-    once left one per probe matmul: +128 MiB in an H200 process)."""
+    """What the probe leaves allocated is at most one side stream's cuBLAS workspaces (H200,
+    torch 2.11: 64 MiB; it left 128 MiB with a fresh stream per probe matmul, run 8)."""
     dev = torch.device("cuda")
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated(dev)
@@ -18,7 +18,7 @@ def test_probe_leaves_little_allocated():
     torch.cuda.synchronize()
     left = torch.cuda.memory_allocated(dev) - before
     assert p.launch_us > 0 and p.bandwidth_gbps > 0
-    assert left <= 40 * 2**20, f"{left / 2**20:.1f} MiB left allocated"
+    assert left <= 72 * 2**20, f"{left / 2**20:.1f} MiB left allocated"
     # a second probe reuses the stream: nothing more is left
     costmodel.probe(dev, repeats=3)
     torch.cuda.synchronize()
