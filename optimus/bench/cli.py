@@ -69,6 +69,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timing-cores", type=int, default=None,
                    help="with --workers: CPU cores kept free of compiles for the timed sections "
                         "(default: 2 on machines of 8+ cores, else 0)")
+    p.add_argument("--isolate", action="store_true",
+                   help="with --workers: no row builds, compiles or runs its first step while another is timed "
+                        "(timed sections wait for the compiles in flight; slower runs, cleaner timings)")
     p.add_argument("--json", metavar="FILE", default=None,
                    help="merge results into FILE (keyed by model/mode/config; written after every row)")
     p.add_argument("--skip-existing", action="store_true",
@@ -122,8 +125,8 @@ def run_command(args: argparse.Namespace) -> int:
         raise ValueError("--iters and --repeats must be >= 1 and --warmup >= 0")
     if args.workers < 1 or (args.compile_threads is not None and args.compile_threads < 1):
         raise ValueError("--workers and --compile-threads must be >= 1")
-    if args.workers == 1 and (args.compile_threads is not None or args.timing_cores is not None):
-        raise ValueError("--compile-threads and --timing-cores apply to worker processes: add --workers N (N > 1)")
+    if args.workers == 1 and (args.compile_threads is not None or args.timing_cores is not None or args.isolate):
+        raise ValueError("--compile-threads, --timing-cores and --isolate apply to worker processes: add --workers N (N > 1)")
     if args.plot:
         from .plot import require_matplotlib
 
@@ -137,7 +140,7 @@ def run_command(args: argparse.Namespace) -> int:
 
     opts = harness.BenchOptions(device=device, size=size, iters=args.iters, warmup=args.warmup,
                                 seed=args.seed, tf32=args.tf32, cold=args.cold, repeats=args.repeats,
-                                dynamic=args.dynamic, compile_threads=args.compile_threads)
+                                dynamic=args.dynamic, compile_threads=args.compile_threads, isolate=args.isolate)
     command = "optimus bench " + " ".join(shlex.quote(a) for a in _argv_for_record(args, device, size))
     data = results.load(args.json) if args.json else results.empty()
     this_run = results.empty()
@@ -226,6 +229,8 @@ def _argv_for_record(args: argparse.Namespace, device: str, size: str) -> list[s
         argv += ["--compile-threads", str(args.compile_threads)]
     if args.timing_cores is not None:
         argv += ["--timing-cores", str(args.timing_cores)]
+    if args.isolate:
+        argv.append("--isolate")
     if not args.cold:
         argv.append("--warm-cache")
     if args.json:

@@ -64,6 +64,7 @@ class BenchOptions:
     dynamic: bool = False  # compile with dynamic=True
     workers: int = 1  # processes compiling concurrently (recorded in every row)
     compile_threads: int | None = None  # TORCHINDUCTOR_COMPILE_THREADS of each worker (None: Inductor's default)
+    isolate: bool = False  # workers: no row builds, compiles or runs its first step while one is timed
 
     def tolerance(self, mode: str) -> float:
         """The accuracy rule's ``tol``: 1e-3 for CUDA training, else 1e-4."""
@@ -282,6 +283,7 @@ def new_row(name: str, mode: str, config: str, opts: BenchOptions, error: str | 
         "dynamic": opts.dynamic,
         "workers": opts.workers,
         "compile_threads": opts.compile_threads,
+        "isolated": opts.isolate if opts.workers > 1 else None,
     }
 
 
@@ -300,12 +302,14 @@ def run_config(
     opts: BenchOptions,
     ref: Reference | None,
     timed_section: Callable[[], ContextManager[Any]] | None = None,
+    busy_section: Callable[[], ContextManager[Any]] | None = None,
 ) -> dict[str, Any]:
     """Measure ``name`` in ``mode`` under ``config``; never raises (errors go in the row).
 
     ``timed_section`` (workers: an exclusive inter-process lock) is held around
     everything that is timed or counted: warm-up, timed steps, kernel count and peak
-    memory. Building, compiling and the first (accuracy) step run outside it.
+    memory. Building, compiling and the first (accuracy) step run outside it, inside
+    ``busy_section`` (workers with ``isolate``: a shared lock that timed sections wait for).
     """
     from .. import measure
 
@@ -319,6 +323,7 @@ def run_config(
     torch._dynamo.reset()
     runner = None
     timed = timed_section or contextlib.nullcontext
+    busy = busy_section or contextlib.nullcontext
     try:
         with (
             cold_compile() if opts.cold else warm_compile(),
@@ -326,33 +331,35 @@ def run_config(
             cudagraph_watch() as cudagraph_skips,
             accuracy.tf32_mode(False),
         ):
-            zoo = get_bench_model(name, opts.size, opts.device, opts.seed)
-            row["batch_size"] = zoo.batch_size
-            runner = Runner(zoo, cfg.wrap(zoo.model, **opts.compile_kwargs()), mode, opts.lr, cudagraphs=cfg.cudagraphs)
+            with busy():  # the GPU work outside the timed section
+                zoo = get_bench_model(name, opts.size, opts.device, opts.seed)
+                row["batch_size"] = zoo.batch_size
+                runner = Runner(zoo, cfg.wrap(zoo.model, **opts.compile_kwargs()), mode, opts.lr, cudagraphs=cfg.cudagraphs)
 
-            # First step, TF32 off: compiles; its outputs and gradients are the accuracy check.
-            measure.synchronize(dev)
-            t0 = time.perf_counter()
-            if cfg.compiled and dev.type == "cpu":
-                out, generated = measure.compiled_kernel_count(runner.forward_backward, dev)
-            else:
-                out, generated = runner.forward_backward(), None
-            measure.synchronize(dev)
-            row["first_step_s"] = time.perf_counter() - t0
-            if ref is not None:
-                row["parity"] = compare(ref, out, runner.grads() if mode == "train" else None, opts.tolerance(mode))
-            if runner.opt is not None:
-                runner.opt.step()
-            del out
-            row.update(_optimus_summary(runner.fn))
+                # First step, TF32 off: compiles; its outputs and gradients are the accuracy check.
+                measure.synchronize(dev)
+                t0 = time.perf_counter()
+                if cfg.compiled and dev.type == "cpu":
+                    out, generated = measure.compiled_kernel_count(runner.forward_backward, dev)
+                else:
+                    out, generated = runner.forward_backward(), None
+                measure.synchronize(dev)
+                row["first_step_s"] = time.perf_counter() - t0
+                if ref is not None:
+                    row["parity"] = compare(ref, out, runner.grads() if mode == "train" else None, opts.tolerance(mode))
+                if runner.opt is not None:
+                    runner.opt.step()
+                del out
+                row.update(_optimus_summary(runner.fn))
 
             with accuracy.tf32_mode(opts.tf32 and dev.type == "cuda"):
                 if opts.tf32 and dev.type == "cuda" and cfg.compiled:
                     # Dynamo guards on the TF32 flag: the first step with TF32 on recompiles.
-                    t0 = time.perf_counter()
-                    runner.step()
-                    measure.synchronize(dev)
-                    row["tf32_recompile_s"] = time.perf_counter() - t0
+                    with busy():
+                        t0 = time.perf_counter()
+                        runner.step()
+                        measure.synchronize(dev)
+                        row["tf32_recompile_s"] = time.perf_counter() - t0
 
                 with timed():
                     # Kernels per step. CUDA graphs: counted after the timed steps, so the

@@ -404,3 +404,43 @@ def test_deadline_drops_only_the_rows_that_would_end_past_it() -> None:
     rows = parallel.run_parallel(["dlrm", "towers32"], ["infer"], ["eager"], opts, workers=1,
                                  deadline=time.perf_counter() + 120, prior={"dlrm/infer/eager": 1e6})
     assert [r["model"] for r in rows] == ["towers32"] and rows[0]["status"] == "ok"
+
+
+def _busy_for(run_dir: str, seconds: float, marks) -> None:
+    with parallel.Quiet(run_dir).busy():
+        marks.put(("busy-start", time.monotonic()))
+        time.sleep(seconds)
+        marks.put(("busy-end", time.monotonic()))
+
+
+def test_isolate_times_no_row_while_another_compiles(tmp_path) -> None:
+    """--isolate: a timed section waits for the busy section in flight (build, compile,
+    first step of another row), and a busy section asked for meanwhile waits for it."""
+    ctx = multiprocessing.get_context("fork")
+    marks = ctx.Queue()
+    quiet = parallel.Quiet(str(tmp_path))
+    first = ctx.Process(target=_busy_for, args=(str(tmp_path), 1.0, marks))
+    first.start()
+    assert marks.get(timeout=20)[0] == "busy-start"
+    second = None
+    with quiet.timed():
+        timed_start = time.monotonic()
+        second = ctx.Process(target=_busy_for, args=(str(tmp_path), 0.0, marks))
+        second.start()
+        time.sleep(0.5)  # the second busy section must not start while this is timed
+        timed_end = time.monotonic()
+    first.join(20)
+    second.join(20)
+    got = [marks.get(timeout=5) for _ in range(3)]
+    first_end = got[0][1]
+    assert got[0][0] == "busy-end" and timed_start >= first_end  # waited for the compile in flight
+    assert got[1][0] == "busy-start" and got[1][1] >= timed_end  # no compile started while timed
+    assert first.exitcode == 0 and second.exitcode == 0
+
+
+@pytest.mark.slow
+def test_isolated_workers_run_their_rows() -> None:
+    opts = harness.BenchOptions(device="cpu", size="small", iters=1, warmup=0, isolate=True)
+    rows = parallel.run_parallel(["dlrm", "towers32"], ["infer"], ["eager"], opts, workers=2)
+    assert sorted(r["model"] for r in rows) == ["dlrm", "towers32"]
+    assert all(r["status"] == "ok" and r["isolated"] is True for r in rows)
