@@ -142,9 +142,9 @@ CUSTOM_OP_HOST_LAUNCHES = (4.3, 0.43)
 
 def custom_op_host_us(node: fx.Node, members: int, p: DeviceProfile, launched: bool) -> float:
     """The host time of one call of an ``optimus::`` op (0 for anything else or under CUDA graphs)."""
-    name = getattr(node.target, "name", None)
-    qual = name() if callable(name) else str(node.target)
-    if not launched or node.op != "call_function" or not qual.startswith("optimus::"):
+    if not launched or node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return 0.0
+    if not node.target.name().startswith("optimus::"):
         return 0.0
     fixed, per_member = CUSTOM_OP_HOST_LAUNCHES
     return p.launch_us * (fixed + per_member * max(members, 1))
@@ -182,7 +182,7 @@ def node_cost(view: GraphView, node: fx.Node, p: DeviceProfile, launched: bool, 
         if grad:
             cost.add(2 * one, 2)  # dX and dW: about the same work each
         return cost
-    host = custom_op_host_us(node, opaque.members if opaque is not None else 1, p, launched) if call is None else 0.0
+    host = custom_op_host_us(node, opaque.members if opaque is not None else 1, p, launched)
     if call is None and opaque is not None and opaque.flops:
         one = costmodel.kernel_us(p, in_bytes + out_bytes, opaque.flops, opaque.dtype, opaque.tiles or None, launched)
         cost.add(one + host)

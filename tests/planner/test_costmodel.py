@@ -3,6 +3,7 @@
 import json
 import logging
 
+import pytest
 import torch
 
 from optimus.planner import costmodel as cm
@@ -72,3 +73,24 @@ def test_the_defaults_variable_skips_the_probe(tmp_path, monkeypatch):
     assert p.source.startswith("defaults") and "OPTIMUS_DEVICE_PROFILE" in p.source
     assert p.launch_us == cm.DEFAULTS["cpu"].launch_us
     assert not list(tmp_path.iterdir())  # nothing probed, nothing cached
+
+
+def test_an_optimus_kernel_op_pays_its_host_call_only_when_launched():
+    """A call of an ``optimus::`` op costs launch_us * (4.3 + 0.43 G) of host time when kernels
+    are launched one by one (H200: 130 + 13 G µs per call, kernels.bench_grouped run 9), and
+    nothing under CUDA graphs; other ops pay no such term."""
+    import torch.fx as fx
+
+    import kernels.custom_ops  # noqa: F401  (registers torch.ops.optimus.*)
+    from optimus.planner import estimate
+
+    g = fx.Graph()
+    x = g.placeholder("x")
+    op = g.call_function(torch.ops.optimus.grouped_linear.default, (x,))
+    relu = g.call_function(torch.relu, (x,))
+    p = cm.DEFAULTS["cuda"]
+    fixed, per = estimate.CUSTOM_OP_HOST_LAUNCHES
+    assert estimate.custom_op_host_us(op, 16, p, launched=True) == pytest.approx(p.launch_us * (fixed + per * 16))
+    assert estimate.custom_op_host_us(op, 64, p, True) > estimate.custom_op_host_us(op, 4, p, True)
+    assert estimate.custom_op_host_us(op, 16, p, launched=False) == 0.0
+    assert estimate.custom_op_host_us(relu, 16, p, launched=True) == 0.0
