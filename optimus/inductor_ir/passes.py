@@ -310,13 +310,18 @@ class Driver:
             out.append(n)
         return out
 
-    def _pair_check(self, a: Any, b: Any) -> None:
-        """Structural legality of putting independent ``a`` and ``b`` in one launch."""
+    def _common_checks(self, a: Any, b: Any) -> None:
+        """What every pairing requires of ``a`` and ``b``: one device, no collective between
+        them, split reductions of one original size."""
         if compat.call_safely(a.get_device, None) != compat.call_safely(b.get_device, None):
             raise Decline("different device")
         self._comm_check(a, b)
         if compat.split_sizes_disagree([a, b]):
             raise Decline(SPLIT_SIZES)
+
+    def _pair_check(self, a: Any, b: Any) -> None:
+        """Structural legality of putting independent ``a`` and ``b`` in one launch."""
+        self._common_checks(a, b)
         reach = self.view.reach
         for x, y in ((a, b), (b, a)):
             if reach.reaches(x, y):
@@ -518,11 +523,7 @@ class Driver:
                 key = (a.get_name(), b.get_name())
                 m = FusionMatch(rule, self.view, [a], b, options, target=a)
                 try:
-                    if compat.call_safely(a.get_device, None) != compat.call_safely(b.get_device, None):
-                        raise Decline("different device")
-                    self._comm_check(a, b)
-                    if compat.split_sizes_disagree([a, b]):
-                        raise Decline(SPLIT_SIZES)
+                    self._common_checks(a, b)
                     self._conditions(rule, m)
                     action = rule.replace(m, FusionBuilder())
                     if action is None:
