@@ -1,7 +1,8 @@
 """The launcher never hangs, and bad distributed input gives a clear error on every rank.
 
 Two gloo processes on the CPU with a ``file://`` rendezvous (no network). Nothing here
-compiles, so each test takes seconds (process start-up mostly).
+compiles, so each test takes seconds (process start-up mostly); the launches that end
+normally share one pair of ranks (``clean_launch``), the failing ones have their own.
 """
 
 from __future__ import annotations
@@ -85,9 +86,39 @@ def wrapped_twice(ctx: odist.RankContext, payload: dict) -> dict:
     return out
 
 
+CLEAN_WORKERS = {"sum_of_ranks": sum_of_ranks, "devices_differ": devices_differ, "wrapped_twice": wrapped_twice}
+
+
+def clean_workers(ctx: odist.RankContext, payload: dict) -> dict:
+    """The workers that end normally, one after another on the same ranks (a launch costs
+    seconds of process start-up); one that raises is recorded, so its test alone fails."""
+    import traceback
+
+    out: dict = {}
+    for name, worker in CLEAN_WORKERS.items():
+        try:
+            out[name] = worker(ctx, payload)
+        except Exception:
+            out[name] = {"raised": traceback.format_exc()}
+    return out
+
+
+@pytest.fixture(scope="module")
+def clean_launch(tmp_path_factory) -> dict[str, list[dict]]:
+    """worker name -> each rank's result, from one launch of ``clean_workers``."""
+    ranks = odist.launch(clean_workers, {}, 2, str(tmp_path_factory.mktemp("clean")), timeout_s=300)
+    return {name: [r[name] for r in ranks] for name in CLEAN_WORKERS}
+
+
+def _results(clean_launch: dict[str, list[dict]], name: str) -> list[dict]:
+    results = clean_launch[name]
+    assert not any("raised" in r for r in results), [r.get("raised") for r in results]
+    return results
+
+
 # ------------------------------------------------------------------ tests
-def test_ranks_run_and_report(tmp_path) -> None:
-    results = odist.launch(sum_of_ranks, {}, 2, str(tmp_path), timeout_s=120)
+def test_ranks_run_and_report(clean_launch) -> None:
+    results = _results(clean_launch, "sum_of_ranks")
     assert [r["rank"] for r in results] == [0, 1]
     assert all(r["sum"] == 3.0 and r["world"] == 2 and r["backend"] == "gloo" for r in results)
     # every process the launcher starts has NVLink multicast off (required on the GPU hosts)
@@ -125,15 +156,15 @@ def test_check_consistent_needs_a_process_group() -> None:
         odist.check_consistent(nn.Linear(2, 2))
 
 
-def test_ranks_on_different_devices_get_the_same_error(tmp_path) -> None:
-    results = odist.launch(devices_differ, {}, 2, str(tmp_path), timeout_s=120)
+def test_ranks_on_different_devices_get_the_same_error(clean_launch) -> None:
+    results = _results(clean_launch, "devices_differ")
     errors = [r["error"] for r in results]
     assert errors[0] is not None and errors[0] == errors[1]  # both ranks stop, the same way
     assert "devices: rank 0 cpu, rank 1 meta" in errors[0]
 
 
-def test_a_model_wrapped_twice_is_refused(tmp_path) -> None:
-    [out, _] = odist.launch(wrapped_twice, {}, 2, str(tmp_path), timeout_s=240)
+def test_a_model_wrapped_twice_is_refused(clean_launch) -> None:
+    [out, _] = _results(clean_launch, "wrapped_twice")
     assert "wrapped twice" in out["ddp(ddp)"] and "DistributedDataParallel at module inside DistributedDataParallel" in out["ddp(ddp)"]
     assert "wrapped twice" in out["fully_shard(ddp)"]
     assert out["nested fully_shard"] is None
