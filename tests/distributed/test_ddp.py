@@ -15,8 +15,8 @@ from dist_support import (QUICK, SMALL_BUCKETS, assert_matches_one_process, ddp_
                           run)
 
 
-def test_ddp_optimizer_pieces_match_one_process_and_lose_their_junk(tmp_path) -> None:
-    [row] = run([RowSpec("dist_models:tiny2", "ddp", "optimus", **SMALL_BUCKETS, **QUICK)], tmp_path, timeout_s=420)
+def test_ddp_optimizer_pieces_match_one_process_and_lose_their_junk(default_rows) -> None:
+    row = default_rows["ddp"]  # dist_models:tiny2 under DDP with SMALL_BUCKETS (conftest.py)
     assert_matches_one_process(row)
     # DDPOptimizer cut the graph at the bucket boundaries; every graph Optimus saw (the
     # pieces' forward and backward at each level) says which piece it is

@@ -20,8 +20,8 @@ def _fsdp_noted(row) -> bool:
     return all(any("compiled under FSDP" in n for n in notes) for _, notes in graph_notes(row))
 
 
-def test_fully_shard_whole_model_matches_one_process_and_loses_its_junk(tmp_path) -> None:
-    [row] = run([RowSpec("dist_models:tiny", "fsdp2", "optimus", **QUICK)], tmp_path, timeout_s=420)
+def test_fully_shard_whole_model_matches_one_process_and_loses_its_junk(default_rows) -> None:
+    row = default_rows["fsdp2"]  # dist_models:tiny under fully_shard (conftest.py)
     assert_matches_one_process(row)
     assert _fsdp_noted(row), graph_notes(row)
     assert all(n and n > 0 for n in row["rewrites_per_rank"])
