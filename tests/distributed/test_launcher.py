@@ -135,8 +135,8 @@ def test_a_failing_rank_ends_the_launch_at_once(tmp_path) -> None:
 
 def test_a_hang_ends_at_the_deadline(tmp_path) -> None:
     t0 = time.monotonic()
-    with pytest.raises(odist.LaunchError, match="did not finish within 15 s") as info:
-        odist.launch(sleeps, {}, 2, str(tmp_path), timeout_s=15)
+    with pytest.raises(odist.LaunchError, match="did not finish within 10 s") as info:
+        odist.launch(sleeps, {}, 2, str(tmp_path), timeout_s=10)
     elapsed = time.monotonic() - t0
     assert elapsed < 60
     assert "rank 0: " in str(info.value) and "rank 1: " in str(info.value)  # each rank's log tail
