@@ -1,18 +1,32 @@
-"""Peak live memory of an FX graph, and what a horizontal fusion would do to it.
+"""Peak memory of an FX graph as Inductor would run it, and what a horizontal fusion does to it.
 
-Liveness is read off the graph's fake values: every storage (views share their base's,
-found through fake-tensor storage identity) is live from the first node that produces
-it to the last node that reads it, or to the end if a graph output holds it; inputs
-(placeholders: parameters, activations saved for backward, user inputs) are live
-throughout. The estimate over-counts what Inductor fuses away (elementwise temporaries
-never reach memory), so the planner judges *changes* against it, never absolutes:
+The estimate is a liveness curve over the graph's nodes in graph order, read off their fake
+values: every storage (views share their base's, found through fake-tensor storage
+identity) is live from the node that produces it to the last node that reads it, or to the
+end if a graph output holds it; inputs (placeholders: parameters, activations saved for
+backward, user inputs) are live throughout.
 
-* a horizontal group computes every member's output at once, at the position of the
-  last member, into one buffer that lives until the last member's output dies; the
-  members' inputs must live until then too; the members' outputs no longer exist
-  earlier. ``group_delta`` turns that into a change of the live-bytes curve;
-* ``MemoryBudget`` keeps the curve with every accepted group's change applied, so a
-  series of groups that are each small cannot add up to a large peak increase.
+**What Inductor never materializes takes no memory** (H200 runs 6-10: counting every
+elementwise temporary made the graphs' peaks look 3x what Inductor allocates, so a batched
+op's one extra buffer looked small against a peak that never happens). A storage is
+*transient* when its producer is elementwise or a layer norm (its output is the last
+elementwise stage) and every reader is a kernel Inductor computes it inside: another
+elementwise op or layer norm, a reduction, or a ``cat``/``stack`` (Inductor writes each
+input into its slice of the result where the input is computed), at most
+``REALIZE_READERS`` of them (more, and Inductor stores it once instead of recomputing it in
+each). A transient result's inputs stay live until its readers run; a concatenation's
+buffer is live from its first input's kernel on.
+
+**A horizontal group** is judged on the graph it would produce (``with_group``), not on
+the current curve: its members become one op at the last member's position writing one
+buffer per output (``FUSED``), reading a stacked copy of their activations (a ``stack``
+node, left out when the stack is a view); every node that depends on a member and ran
+before that position moves after it, as the commit's reorder does, so the members'
+consumers and everything below them now run while the whole buffer is live. In a Torch-IR
+training graph (before AOTAutograd) the backward is not in the graph: materialized results
+that need a gradient stay live to the end (saved for backward), and a group's backward
+holds every member's gradients at once where the loop held one member's, which is added
+at the end of the curve (``backward_bytes``).
 """
 
 from __future__ import annotations
@@ -22,6 +36,15 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 import torch.fx as fx
+
+from ..core.vocab import VIEW_OPS, is_pointwise
+
+GRAPH_INPUTS = ("placeholder", "get_attr")  # live throughout: user inputs, parameters (lifted or not)
+REALIZE_READERS = 4  # Inductor's realize_reads_threshold: more readers, and it stores the result
+FUSED_PRODUCERS = frozenset({"layer_norm"})  # beyond elementwise ops
+CONCATS = frozenset({"cat", "stack"})
+REDUCTIONS = frozenset({"sum", "mean", "amax", "amin", "var", "var_mean"})
+_ATEN_KINDS = {"native_layer_norm": "layer_norm", "cat": "cat", "stack": "stack", **{r: r for r in REDUCTIONS}}
 
 
 def _val(node: Any) -> Any:
@@ -66,104 +89,323 @@ def _nbytes(t: torch.Tensor) -> int:
         return n * t.element_size()
 
 
-class Liveness:
-    """Per-node live bytes of ``graph`` (``curve[i]`` = bytes live while node ``i`` runs)."""
+def op_kind(view: Any, node: fx.Node) -> str | None:
+    """The node's canonical op (the view's vocabulary), or what memory cares about in an aten
+    op the vocabulary leaves out (``native_layer_norm``, reductions, elementwise by tag)."""
+    if node.op not in ("call_function", "call_method", "call_module"):
+        return None
+    call = None
+    if view is not None:
+        try:
+            call = view.classify(node)
+        except Exception:  # unclassifiable: it keeps its memory
+            call = None
+    if call is not None:
+        return call.op
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        kind = _ATEN_KINDS.get(target.overloadpacket.__name__)
+        if kind is not None:
+            return kind
+        if torch.Tag.pointwise in target.tags:
+            return "pointwise:" + str(target)
+    return None
 
-    def __init__(self, graph: fx.Graph, saved_for_backward: bool = False) -> None:
-        """``saved_for_backward``: a training graph before AOTAutograd (Torch-IR), whose
-        results that need a gradient are kept for the backward: they stay live to the end
-        (the forward's peak is where every saved activation is live at once)."""
-        self.nodes = list(graph.nodes)
-        self.index = {n: i for i, n in enumerate(self.nodes)}
-        n = len(self.nodes)
-        start: dict[Any, int] = {}
-        end: dict[Any, int] = {}
-        size: dict[Any, int] = {}
-        self.storage_of: dict[fx.Node, list[Any]] = {}
-        for i, node in enumerate(self.nodes):
+
+def _is_producer(op: str | None) -> bool:
+    return op is not None and (is_pointwise(op) or op in FUSED_PRODUCERS)
+
+
+def _is_consumer(op: str | None) -> bool:
+    return op is not None and (is_pointwise(op) or op in FUSED_PRODUCERS or op in CONCATS or op in REDUCTIONS)
+
+
+def dfs_order(order: Sequence[Any], inputs: dict[Any, list[Any]]) -> list[Any]:
+    """``order`` rescheduled depth-first: placeholders, then each result right after the
+    results it reads, in argument order, from the graph's sinks (nodes nobody reads, in
+    graph order; the output last). Independent chains (towers) run one after another,
+    each to its end, as a memory-minded scheduler would run them."""
+    out = [x for x in order if x.op in GRAPH_INPUTS]
+    seen = set(out)
+    sinks = [x for x in order if x.op != "output" and x.op not in GRAPH_INPUTS]
+    read = {i for x in order for i in inputs[x]}
+    roots = [x for x in sinks if x not in read] + [x for x in order if x.op == "output"]
+    for root in roots:
+        if root in seen:
+            continue
+        seen.add(root)
+        stack: list[tuple[Any, int]] = [(root, 0)]
+        while stack:
+            node, i = stack[-1]
+            args = inputs[node]
+            if i < len(args):
+                stack[-1] = (node, i + 1)
+                if args[i] not in seen:
+                    seen.add(args[i])
+                    stack.append((args[i], 0))
+            else:
+                stack.pop()
+                out.append(node)
+    out.extend(x for x in order if x not in seen)  # unreachable from any sink: cannot happen in a DAG
+    return out
+
+
+class FusedOp:
+    """A group's members run as one op (``Liveness.with_group``); stands in for an FX node."""
+
+    op = "call_function"
+
+    def __init__(self, name: str, kind: str | None) -> None:
+        self.name = name
+        self.kind = kind
+
+    def __repr__(self) -> str:
+        return f"FusedOp({self.name})"
+
+
+class Liveness:
+    """Live bytes per node of ``graph`` as Inductor would run it (module docstring):
+    ``curve[i]`` while node ``i`` runs, ``peak`` its maximum."""
+
+    def __init__(self, graph: fx.Graph, saved_for_backward: bool = False, view: Any = None) -> None:
+        """``saved_for_backward``: a training graph before AOTAutograd (Torch-IR). ``view``:
+        the graph's ``GraphView``, to read ops in the rules' vocabulary (without it, only
+        aten ops are recognized)."""
+        self.nodes: list[Any] = list(graph.nodes)
+        self.saved_for_backward = saved_for_backward
+        self.kind: dict[Any, str | None] = {n: op_kind(view, n) for n in self.nodes}
+        self.inputs: dict[Any, list[Any]] = {n: n.all_input_nodes for n in self.nodes}
+        self.keys: dict[Any, list[Any]] = {}
+        self.size: dict[Any, int] = {}
+        self.grad: set[Any] = set()
+        ids: dict[Any, int] = {}  # storage -> a small int (fast to hash, and never equal to a new key)
+        for node in self.nodes:
             keys = []
             for t in tensors_of(_val(node)):
-                k = _storage_key(t)
+                k = ids.setdefault(_storage_key(t), len(ids))
                 keys.append(k)
-                if k not in start:
-                    start[k] = 0 if node.op == "placeholder" else i
-                    size[k] = _nbytes(t)
-                    end[k] = n - 1 if node.op == "placeholder" else i
-            self.storage_of[node] = keys
-        if saved_for_backward:
-            for i, node in enumerate(self.nodes):
-                if node.op != "placeholder" and any(getattr(t, "requires_grad", False) for t in tensors_of(_val(node))):
-                    for k in self.storage_of[node]:
-                        end[k] = n - 1
-        for i, node in enumerate(self.nodes):
-            for inp in node.all_input_nodes:
-                for k in self.storage_of.get(inp, ()):
-                    end[k] = max(end[k], n - 1 if node.op == "output" else i)
-        self.start, self.end, self.size = start, end, size
-        diff = np.zeros(n + 1, dtype=np.float64)
-        for k, s in size.items():
-            diff[start[k]] += s
-            diff[end[k] + 1] -= s
-        self.curve = np.cumsum(diff)[:n]
+                if k not in self.size:
+                    self.size[k] = _nbytes(t)
+                    if node.op not in GRAPH_INPUTS and getattr(t, "requires_grad", False):
+                        self.grad.add(k)
+            self.keys[node] = keys
+        self.index = {n: i for i, n in enumerate(self.nodes)}
+        self.holders: dict[Any, list[Any]] = {}  # storage -> the nodes whose value holds it
+        for node, keys in self.keys.items():
+            for k in keys:
+                self.holders.setdefault(k, []).append(node)
+        # storages live throughout (graph inputs): a group cannot change them
+        self.resident = {k for n in self.nodes if n.op in GRAPH_INPUTS for k in self.keys[n]}
+        self._spans: dict[Any, tuple[Any, int, int]] = {}
+        self.curve = self._best_curve(self.nodes, self.inputs, self.keys, self.kind, self.size, spans=self._spans)
 
     @property
     def peak(self) -> float:
         return float(self.curve.max()) if len(self.curve) else 0.0
 
-    def lifetime(self, node: fx.Node) -> tuple[int, int, int]:
-        """(first position, last position, bytes) of ``node``'s own output storage(s)."""
-        keys = self.storage_of.get(node, [])
-        if not keys:
-            return self.index.get(node, 0), self.index.get(node, 0), 0
-        return min(self.start[k] for k in keys), max(self.end[k] for k in keys), sum(self.size[k] for k in keys)
+    def live_at_peak(self, top: int = 5) -> list[tuple[str, int]]:
+        """The largest buffers live at the peak: (producing node, bytes), largest first."""
+        if not len(self.curve):
+            return []
+        i = int(np.argmax(self.curve))
+        live = [(owner.name, self.size[k]) for k, (owner, s, e) in self._spans.items() if s <= i <= e]
+        return sorted(live, key=lambda x: -x[1])[:top]
 
-    def group_delta(self, members: Sequence[fx.Node], extra_inputs: Iterable[tuple[fx.Node, int]] = ()) -> np.ndarray:
-        """The change of the curve if ``members`` ran as one op at the last member's
-        position writing one buffer, with ``extra_inputs`` ``(node, bytes)`` copied (a
-        stack of separate tensors) right there."""
-        n = len(self.curve)
+    def own_bytes(self, node: fx.Node) -> int:
+        """Bytes of the storages ``node`` creates (not the views it returns of its inputs)."""
+        earlier = {k for i in self.inputs.get(node, ()) for k in self.keys.get(i, ())}
+        return sum(self.size[k] for k in dict.fromkeys(self.keys.get(node, ())) if k not in earlier)
+
+    # ------------------------------------------------------------------ one curve
+    def _best_curve(self, order: Sequence[Any], inputs: dict[Any, list[Any]], *args: Any, spans: dict[Any, Any] | None = None, **kwargs: Any) -> np.ndarray:
+        """The curve of the lower-peak order: the graph's own, or depth-first from its outputs
+        (``dfs_order``). Inductor's scheduler reorders for peak memory, so graph order alone
+        can show buffers live together that Inductor never holds at once (a post-grad graph
+        lists 32 towers' matmuls before their layer norms' elementwise tails). The graph's
+        own curve tries both and remembers which won (``self.depth_first``); a group is then
+        judged in the same kind of order, so the two peaks compare like with like."""
+        first = getattr(self, "depth_first", None)
+        kinds = (False, True) if first is None else (first,)
+        best, best_spans, best_kind = None, None, False
+        for depth_first in kinds:
+            candidate = dfs_order(order, inputs) if depth_first else list(order)
+            found: dict[Any, Any] = {}
+            curve = self._curve(candidate, inputs, *args, spans=found, **kwargs)
+            if best is None or (len(curve) and curve.max() < best.max()):
+                best, best_spans, best_kind = curve, found, depth_first
+        if first is None:
+            self.depth_first = best_kind
+        if spans is not None and best_spans is not None:
+            spans.update(best_spans)
+        assert best is not None
+        return best
+
+    def _curve(
+        self,
+        order: Sequence[Any],
+        inputs: dict[Any, list[Any]],
+        keys: dict[Any, list[Any]],
+        kind: dict[Any, str | None],
+        size: dict[Any, int],
+        end_bytes: float = 0.0,
+        spans: dict[Any, tuple[Any, int, int]] | None = None,
+        grad: set[Any] | None = None,
+    ) -> np.ndarray:
+        """Live bytes per position of ``order`` (module docstring); ``end_bytes`` is added at
+        the last position; ``spans`` receives (producer, first, last position) per counted
+        storage; ``grad``: the storages that need a gradient (default: the graph's)."""
+        n = len(order)
+        index = {node: i for i, node in enumerate(order)}
+        start: dict[Any, int] = {}
+        end: dict[Any, int] = {}
+        owner: dict[Any, Any] = {}
+        for i, node in enumerate(order):
+            for k in keys[node]:
+                if k not in start:
+                    placeholder = node.op in GRAPH_INPUTS
+                    start[k], end[k], owner[k] = (0 if placeholder else i), (n - 1 if placeholder else i), node
+        readers: dict[Any, list[Any]] = {}
+        for node in order:
+            own = keys[node]
+            for inp in inputs[node]:
+                for k in keys[inp]:
+                    if k not in own:  # a view of ``inp`` is not a reader: its readers are
+                        readers.setdefault(k, []).append(node)
+        transient = {
+            k
+            for k, rs in readers.items()
+            if owner[k].op not in GRAPH_INPUTS
+            and _is_producer(kind[owner[k]])
+            and len(set(rs)) <= REALIZE_READERS
+            and all(r.op != "output" and _is_consumer(kind[r]) for r in rs)
+        }
+        # where each node's kernel runs: a transient result runs inside its readers
+        # (a concatenation's input in place, writing its slice)
+        run_at: dict[Any, int] = {}
+        for node in reversed(order):
+            at = index[node]
+            for k in keys[node]:
+                if k in transient and owner[k] is node:
+                    for r in readers[k]:
+                        at = max(at, index[node] if kind[r] in CONCATS else run_at[r])
+            run_at[node] = at
+        for node in order:
+            for inp in inputs[node]:
+                for k in keys[inp]:
+                    end[k] = max(end[k], n - 1 if node.op == "output" else run_at[node])
+            if kind[node] in CONCATS:
+                early = [run_at[p] for p in inputs[node] if any(k in transient for k in keys[p])]
+                for k in keys[node] if early else ():
+                    if owner[k] is node:
+                        start[k] = min(start[k], min(early))
+        if self.saved_for_backward:
+            for k in self.grad if grad is None else grad:
+                if k in end and k not in transient:
+                    end[k] = n - 1
         diff = np.zeros(n + 1, dtype=np.float64)
-        pos = [self.index[m] for m in members if m in self.index]
-        if not pos:
-            return np.zeros(n)
-        at = max(pos)
-        total = 0
-        last = at
-        for m in members:
-            s, e, b = self.lifetime(m)
-            diff[s] -= b  # the member's own output no longer exists on its own
-            diff[e + 1] += b
-            total += b
-            last = max(last, e)
-            for inp in m.all_input_nodes:  # its inputs now live until the fused op
-                for k in self.storage_of.get(inp, ()):
-                    if self.end[k] < at:
-                        diff[self.end[k] + 1] += self.size[k]
-                        diff[at + 1] -= self.size[k]
-        diff[at] += total  # one buffer holding every member's output
-        diff[last + 1] -= total
-        copied = sum(b for _, b in extra_inputs)
-        diff[at] += copied  # stacked operands: transient, at the fused op
-        diff[at + 1] -= copied
+        for k, s in size.items():
+            if k in start and k not in transient:
+                diff[start[k]] += s
+                diff[end[k] + 1] -= s
+                if spans is not None:
+                    spans[k] = (owner[k], start[k], end[k])
+        diff[n - 1] += end_bytes
         return np.cumsum(diff)[:n]
+
+    # ------------------------------------------------------------------ a group
+    def with_group(self, members: Sequence[fx.Node], stacked: Iterable[tuple[fx.Node, int]] = (), allowed: float | None = None) -> float:
+        """The peak of the graph with ``members`` run as one op (module docstring).
+        ``stacked``: the activations the op reads from a stacked copy, with their bytes
+        (empty when the stack is a view). ``allowed``: when even the most the group could
+        add keeps the peak at or under it, that bound is returned without simulating."""
+        index = self.index
+        members = [m for m in members if m in index]
+        if len(members) < 2:
+            return self.peak
+        member_set = set(members)
+        at = max(index[m] for m in members)
+        # everything below a member that ran before the fused op now runs after it
+        below: set[Any] = set()
+        frontier = list(members)
+        while frontier:
+            for user in frontier.pop().users:
+                if user not in below and user not in member_set and index[user] < at:
+                    below.add(user)
+                    frontier.append(user)
+        stacked = list(stacked)
+        if allowed is not None:
+            # every storage whose lifetime can change: what members and moved nodes read,
+            # what the moved nodes create, the members' outputs (one buffer now), the stack
+            touched = {k for x in list(member_set) + list(below) for i in self.inputs[x] for k in self.keys[i]}
+            touched.update(k for x in list(member_set) + list(below) for k in self.keys[x])
+            bound = self.peak + sum(self.size[k] for k in touched if k not in self.resident) + sum(b for _, b in stacked)
+            if bound <= allowed:
+                return bound
+        fused = FusedOp(f"fused_{members[-1].name}", self.kind[members[0]])
+        stack = FusedOp(f"stack_{members[-1].name}", "stack") if stacked else None
+        moved = [x for x in self.nodes[:at] if x in below]
+        head = [x for x in self.nodes[:at] if x not in below and x not in member_set]
+        order = head + ([stack] if stack else []) + [fused] + moved + self.nodes[at + 1 :]
+
+        # the fused op writes one buffer per output position (a layer norm's out, mean, rstd)
+        size = dict(self.size)
+        remap: dict[Any, Any] = {}
+        slots = max(len(self.keys[m]) for m in members)
+        fused_keys = [("fused", fused.name, j) for j in range(slots)]
+        for k in fused_keys:
+            size[k] = 0
+        for m in members:
+            earlier = {k for i in self.inputs[m] for k in self.keys[i]}
+            for j, k in enumerate(self.keys[m]):
+                if k not in earlier and k not in remap:
+                    remap[k] = fused_keys[j]
+                    size[fused_keys[j]] += size.pop(k)
+        keys = dict(self.keys)
+        for k in remap:
+            for x in self.holders[k]:
+                keys[x] = [remap.get(k2, k2) for k2 in self.keys[x]]
+        keys[fused] = fused_keys
+        grad_out = sum(size[fk] for fk in fused_keys if any(remap.get(k0) == fk for k0 in self.grad))
+
+        stacked_nodes = [node for node, _ in stacked]
+        member_inputs = list(dict.fromkeys(i for m in members for i in self.inputs[m]))
+        inputs = dict(self.inputs)
+        for m in members:
+            for u in m.users:
+                inputs[u] = [fused if i in member_set else i for i in self.inputs[u]]
+        if stack is not None:
+            key = ("stack", stack.name)
+            size[key] = sum(b for _, b in stacked)
+            keys[stack] = [key]
+            inputs[stack] = list(dict.fromkeys(stacked_nodes))
+            inputs[fused] = [stack] + [i for i in member_inputs if i not in set(stacked_nodes)]
+        else:
+            inputs[fused] = member_inputs
+        kind = dict(self.kind)
+        kind[fused] = fused.kind
+        if stack is not None:
+            kind[stack] = "stack"
+        backward = 0.0
+        if self.saved_for_backward and grad_out:
+            # the loop's backward held one member's gradients at a time, the group's all of them
+            per_member = [self.own_bytes(m) for m in members]
+            grad_in = sum(b for node, b in stacked if any(k in self.grad for k in self.keys[node]))
+            backward = grad_out + grad_in - max(per_member)
+        grad = {remap.get(k, k) for k in self.grad}
+        return float(self._best_curve(order, inputs, keys, kind, size, end_bytes=backward, grad=grad).max())
 
 
 class MemoryBudget:
-    """The curve with every accepted group applied, against an allowed peak."""
+    """The peak a graph may reach: its peak when the planner first saw it, plus an allowance."""
 
-    def __init__(self, live: Liveness, allowed_increase: float, slack_bytes: float = 0.0) -> None:
-        self.live = live
-        self.base_peak = live.peak
+    def __init__(self, base_peak: float, allowed_increase: float, slack_bytes: float = 0.0) -> None:
+        self.base_peak = base_peak
         # a fraction of the peak, but never less than ``slack_bytes`` (tiny graphs)
-        self.allowed = self.base_peak + max(self.base_peak * allowed_increase, slack_bytes)
-        self.curve = live.curve.copy()
+        self.allowed = base_peak + max(base_peak * allowed_increase, slack_bytes)
 
-    def increase(self, delta: np.ndarray) -> float:
-        """Bytes the peak would rise above the *original* peak with ``delta`` applied."""
-        return max(0.0, float((self.curve + delta).max()) - self.base_peak)
+    def fits(self, peak: float) -> bool:
+        return peak <= self.allowed
 
-    def fits(self, delta: np.ndarray) -> bool:
-        return float((self.curve + delta).max()) <= self.allowed
-
-    def accept(self, delta: np.ndarray) -> None:
-        self.curve = self.curve + delta
+    def increase(self, peak: float) -> float:
+        """Bytes ``peak`` lies above the base."""
+        return max(0.0, peak - self.base_peak)

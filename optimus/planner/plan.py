@@ -45,6 +45,10 @@ from .memory import Liveness, MemoryBudget
 LAUNCH_ONLY_RULES = ("combo_small_kernels",)
 MEMORY_INCREASE = 0.02  # groups may raise a graph's estimated peak by at most 2% ...
 MEMORY_SLACK = 256 * 2**10  # ... or 256 KiB, whichever is more (a tiny graph's 2% is nothing)
+# A cut of a group over consecutive parts of one tensor turns each chunk's stack into a slice
+# of that tensor. On the H200 (run 13, docs/planner.md) such cuts on splitcat inference gave
+# a wrong result that the CPU did not reproduce; until the cause is known, they are declined.
+CUT_PARTS_WHY = "a chunk would read a slice of it, and such cuts gave a wrong result on the H200 (docs/planner.md, run 13)"
 MIN_GAIN = 0.0  # µs: a group must be estimated faster than its members, strictly
 
 
@@ -117,6 +121,8 @@ class Planner:
         self.profile = profile if profile is not None else costmodel.profile(context.device)
         self.memory_increase = memory_increase
         self._budget: MemoryBudget | None = None
+        self._budget_graph: fx.Graph | None = None
+        self._live: Liveness | None = None
         self._report: GraphReport | None = None
         self._training = False
 
@@ -145,20 +151,33 @@ class Planner:
 
     # ------------------------------------------------------------------ groups
     def round_started(self, view: GraphView, report: GraphReport) -> None:
-        """A round of group rules starts on ``view``'s graph (as it is now)."""
+        """A round of group rules starts on ``view``'s graph (as it is now). The memory
+        budget is the graph's peak when the planner first saw it (round 1), so rounds
+        cannot add up allowances."""
         self._report = report
         self._training = self.context.training and view.level == "torch_ir"
+        self._live = None
         try:
-            self._budget = MemoryBudget(Liveness(view.graph, saved_for_backward=self._training), self.memory_increase, MEMORY_SLACK)
+            live = self._liveness(view)
         except Exception as e:  # no metadata to size tensors: memory is not judged
             self._budget = None
-            note = f"planner: no liveness for this graph ({type(e).__name__}); group sizes are not bounded by memory"
+            note = f"planner: no liveness for this graph ({type(e).__name__}: {e}); group sizes are not bounded by memory"
             if note not in report.notes:
                 report.notes.append(note)
+            return
+        if self._budget is None or self._budget_graph is not view.graph:
+            self._budget = MemoryBudget(live.peak, self.memory_increase, MEMORY_SLACK)
+            self._budget_graph = view.graph
 
-    def _delta(self, view: GraphView, members: list[fx.Node]) -> Any:
-        assert self._budget is not None
-        return self._budget.live.group_delta(members, self._stacked_inputs(view, members))
+    def _liveness(self, view: GraphView) -> Liveness:
+        """The current graph's liveness (rebuilt after each accepted group)."""
+        if self._live is None:
+            self._live = Liveness(view.graph, saved_for_backward=self._training, view=view)
+        return self._live
+
+    def _peak_with(self, view: GraphView, members: list[fx.Node]) -> float:
+        allowed = self._budget.allowed if self._budget is not None else None
+        return self._liveness(view).with_group(members, self._stacked_inputs(view, members), allowed=allowed)
 
     @staticmethod
     def _stacked_inputs(view: GraphView, members: list[fx.Node]) -> list[tuple[fx.Node, int]]:
@@ -179,18 +198,39 @@ class Planner:
         (0: not even ``min_group`` fit) and why."""
         if self._budget is None or len(members) < 2:
             return None
-        if self._budget.fits(self._delta(view, members)):
+        budget = self._budget
+        whole = self._peak_with(view, members)
+        if budget.fits(whole):
             return None
-        lo, hi, k = max(2, min_group), len(members) - 1, 0  # more members never need less memory
-        while lo <= hi:
-            mid = (lo + hi) // 2
-            if self._budget.fits(self._delta(view, members[:mid])):
-                k, lo = mid, mid + 1
-            else:
-                hi = mid - 1
-        rise = self._budget.increase(self._delta(view, members)) / 2**20
-        why = f"memory: all {len(members)} at once would raise the graph's estimated peak by {rise:.2f} MiB (allowed: {self.memory_increase:.0%} or {MEMORY_SLACK // 2**10} KiB)"
+        cut = not self._reads_parts_of_one_tensor(view, members)
+        k = 0
+        if cut:
+            # the rise grows about linearly with the members: start from the proportional
+            # size and shrink by a third until a chunk fits (a few simulations, not a search)
+            now = self._liveness(view).peak
+            lo = max(2, min_group)
+            size = int(len(members) * max(0.0, budget.allowed - now) / max(1.0, whole - now))
+            size = min(max(size, lo), len(members) - 1)
+            for _ in range(4):
+                if size < lo:
+                    break
+                if budget.fits(self._peak_with(view, members[:size])):
+                    k = size
+                    break
+                size = min(size - 1, size * 2 // 3)
+        rise = budget.increase(whole) / 2**20
+        why = (
+            f"memory: all {len(members)} at once would raise the graph's estimated peak by {rise:.2f} MiB "
+            f"to {whole / 2**20:.2f} MiB (allowed: {self.memory_increase:.0%} or {MEMORY_SLACK // 2**10} KiB)"
+        )
+        if not cut:
+            return 0, why + f"; not cut: its members read consecutive parts of one tensor ({CUT_PARTS_WHY})"
         return k, why
+
+    @staticmethod
+    def _reads_parts_of_one_tensor(view: GraphView, members: list[fx.Node]) -> bool:
+        firsts = [m.all_input_nodes[0] for m in members if m.all_input_nodes]
+        return len(firsts) == len(members) and stack_is_free(view, firsts)
 
     def judge(self, view: GraphView, rule: str, anchor: fx.Node, members: list[fx.Node], new_nodes: list[fx.Node]) -> str | None:
         """Why the built replacement should not be committed, if it should not."""
@@ -203,8 +243,7 @@ class Planner:
         return None if ok else why
 
     def accepted(self, view: GraphView, members: list[fx.Node]) -> None:
-        if self._budget is not None:
-            self._budget.accept(self._delta(view, members))
+        self._live = None  # the graph changed: the next group is judged on the new one
 
     def _record(self, d: Decision) -> None:
         if self._report is not None:

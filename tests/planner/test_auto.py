@@ -229,7 +229,7 @@ def test_an_opaque_replacement_is_charged_the_members_arithmetic():
     assert priced.us >= floor > bytes_only.us
 
 
-def test_training_keeps_activations_for_the_backward_so_batching_them_costs_no_peak():
+def test_training_keeps_activations_for_the_backward_and_a_group_holds_all_gradients_at_once():
     from optimus.planner.memory import Liveness
 
     def f(*args):  # 12 inputs, then 12 weights (graph inputs, like Dynamo's lifted parameters)
@@ -248,10 +248,31 @@ def test_training_keeps_activations_for_the_backward_so_batching_them_costs_no_p
         if n.op == "call_function" and isinstance(v, torch.Tensor):
             n.meta["val"] = v.detach().requires_grad_(True)
     members = [n for n in gm.graph.nodes if n.target is F.linear]
+    one = 256 * 256 * 4
     inference, training = Liveness(gm.graph), Liveness(gm.graph, saved_for_backward=True)
-    assert training.peak > inference.peak  # every linear's output is saved, not freed after its sum
-    assert inference.group_delta(members).max() > 0  # batching keeps all 12 outputs at once
-    assert training.group_delta(members).max() <= 0  # they were all live anyway
+    assert training.peak >= inference.peak + 11 * one  # every linear's output is saved, not freed after its sum
+    assert inference.with_group(members) - inference.peak >= 10 * one  # batching keeps all 12 outputs at once
+    # saved anyway in the forward; the group's backward holds 12 output gradients where the
+    # loop held one (the inputs need no gradient here)
+    assert abs(training.with_group(members) - training.peak - 11 * one) <= 64  # (a scalar sum is not live there)
+
+
+def test_a_group_over_consecutive_parts_of_one_tensor_is_declined_not_cut():
+    class Parts(torch.nn.Module):
+        def __init__(self, n: int, k: int) -> None:
+            super().__init__()
+            self.w = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(k, k)) for _ in range(n)])
+
+        def forward(self, x):
+            return torch.cat([torch.relu(F.linear(x[:, i], w)) for i, w in enumerate(self.w)], 1)
+
+    model = Parts(8, 64)
+    x = torch.randn(256, 8, 64)
+    gm, report = _optimize(model, [x], Planner(Context("cuda"), profile=H200ISH))
+    reasons = [r for g in report.graphs for r in g.rules["batch_linear"].declined]
+    assert any("not cut: its members read consecutive parts of one tensor" in r for r in reasons), reasons
+    assert _ops(gm).count("linear") == 8
+    torch.testing.assert_close(gm(x), model(x))
 
 
 def test_a_stack_of_consecutive_parts_is_priced_as_the_view_it_becomes():

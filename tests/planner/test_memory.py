@@ -1,9 +1,10 @@
-"""Liveness and the memory effect of a horizontal fusion (optimus/planner/memory.py)."""
+"""Peak memory as Inductor would run a graph, and what a horizontal fusion does to it
+(optimus/planner/memory.py)."""
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from optimus.planner.memory import Liveness, MemoryBudget
+from optimus.planner.memory import Liveness, MemoryBudget, dfs_order
 
 
 def _sequences(xs, ws):
@@ -17,33 +18,48 @@ def _graph(n=4, rows=64, k=16, wide=256):
     return make_fx(_sequences)(xs, ws), rows * wide * 4
 
 
-def test_curve_counts_inputs_throughout_and_temporaries_while_live():
+def _mms(gm):
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target == torch.ops.aten.mm.default]
+
+
+def _inputs_bytes(live):
+    return sum(live.size[k] for k in live.resident)
+
+
+def test_inputs_live_throughout_and_elementwise_temporaries_take_no_memory():
     gm, wide_bytes = _graph()
     live = Liveness(gm.graph)
-    inputs = sum(t for k, t in live.size.items() if live.start[k] == 0 and live.end[k] == len(live.curve) - 1)
-    assert live.curve.min() >= inputs > 0
-    # one wide temporary at a time (plus its relu) in the unfused graph
-    assert live.peak - inputs <= 2 * wide_bytes + 4096
+    inputs = _inputs_bytes(live)
+    assert inputs > 0 and live.curve.min() >= inputs
+    # one wide matmul output at a time; its relu runs inside the sum's kernel (never stored)
+    assert wide_bytes <= live.peak - inputs < 1.5 * wide_bytes
+    assert wide_bytes in [b for _, b in live.live_at_peak()]
 
 
 def test_batching_the_projections_raises_the_peak_and_the_budget_refuses():
     gm, wide_bytes = _graph()
     live = Liveness(gm.graph)
-    mms = [n for n in gm.graph.nodes if n.op == "call_function" and n.target == torch.ops.aten.mm.default]
+    mms = _mms(gm)
     assert len(mms) == 4
-    delta = live.group_delta(mms)
-    budget = MemoryBudget(live, allowed_increase=0.02)
-    rise = budget.increase(delta)
+    budget = MemoryBudget(live.peak, allowed_increase=0.02)
+    whole = live.with_group(mms)
     # all four wide outputs at once instead of one at a time
-    assert rise >= 2.5 * wide_bytes
-    assert not budget.fits(delta)
-    # two at a time fits a looser budget and rises about half as much
-    half = live.group_delta(mms[:2])
-    assert budget.increase(half) < rise
-    loose = MemoryBudget(live, allowed_increase=10.0)
-    assert loose.fits(delta)
-    loose.accept(delta)
-    assert loose.increase(live.group_delta(mms[:1])) >= rise  # accepted changes accumulate
+    assert budget.increase(whole) >= 2.5 * wide_bytes
+    assert not budget.fits(whole)
+    # two at a time rises about half as much; a loose budget takes all four
+    assert live.peak < live.with_group(mms[:2]) < whole
+    assert MemoryBudget(live.peak, allowed_increase=10.0).fits(whole)
+
+
+def test_the_bound_answers_without_simulating_when_even_the_most_fits():
+    gm, wide_bytes = _graph()
+    live = Liveness(gm.graph)
+    mms = _mms(gm)
+    simulated = live.with_group(mms)
+    generous = live.peak + 100 * wide_bytes
+    bound = live.with_group(mms, allowed=generous)
+    assert simulated <= bound <= generous  # an upper bound, returned as it is
+    assert live.with_group(mms, allowed=live.peak) == simulated  # too tight: simulated
 
 
 def test_a_group_whose_outputs_live_long_anyway_costs_nothing():
@@ -54,6 +70,46 @@ def test_a_group_whose_outputs_live_long_anyway_costs_nothing():
     ws = [torch.randn(4, 8) for _ in range(3)]
     gm = make_fx(keep)(xs, ws)
     live = Liveness(gm.graph)
-    mms = [n for n in gm.graph.nodes if n.op == "call_function" and n.target == torch.ops.aten.mm.default]
-    budget = MemoryBudget(live, allowed_increase=0.0)
-    assert budget.increase(live.group_delta(mms)) == 0.0
+    assert MemoryBudget(live.peak, allowed_increase=0.0).increase(live.with_group(_mms(gm))) == 0.0
+
+
+def _towers(xs, ws):
+    # each tower's result is written into its slice of the cat: only one matmul output lives
+    return torch.cat([torch.relu(x @ w) for x, w in zip(xs, ws)], 1)
+
+
+def test_consumers_move_after_the_fused_op_so_the_whole_buffer_lives_through_them():
+    n, rows, k, wide = 6, 64, 16, 128
+    xs = [torch.randn(rows, k) for _ in range(n)]
+    ws = [torch.randn(k, wide) for _ in range(n)]
+    gm = make_fx(_towers)(xs, ws)
+    live = Liveness(gm.graph)
+    one = rows * wide * 4
+    cat = n * one
+    assert live.peak - _inputs_bytes(live) < cat + 1.5 * one  # the cat and one matmul output
+    # batched: the members' relus (which ran right after each matmul) now run after the
+    # batched matmul, so all n outputs live with the cat
+    assert live.with_group(_mms(gm)) - live.peak >= (n - 1.5) * one
+
+
+def _matmuls_first(xs, ws):
+    # the order a post-grad graph can list things in: every matmul, then every tail
+    hs = [x @ w for x, w in zip(xs, ws)]
+    return torch.cat([torch.relu(h) for h in hs], 1)
+
+
+def test_graph_order_that_holds_every_tower_at_once_is_rescheduled_depth_first():
+    n, rows, k, wide = 6, 64, 16, 128
+    xs = [torch.randn(rows, k) for _ in range(n)]
+    ws = [torch.randn(k, wide) for _ in range(n)]
+    gm = make_fx(_matmuls_first)(xs, ws)
+    nodes = list(gm.graph.nodes)
+    order = dfs_order(nodes, {x: x.all_input_nodes for x in nodes})
+    assert sorted(map(str, order)) == sorted(map(str, nodes)) and order[-1].op == "output"
+    mms = _mms(gm)
+    first_relu = next(u for u in mms[0].users)
+    assert order.index(first_relu) < order.index(mms[1])  # tower 0 runs to its end before tower 1 starts
+    live = Liveness(gm.graph)
+    one = rows * wide * 4
+    assert live.depth_first  # the rescheduled order had the lower peak
+    assert live.peak - _inputs_bytes(live) < n * one + 1.5 * one  # as if tower by tower
