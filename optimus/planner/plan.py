@@ -12,12 +12,14 @@ compile. The planner decides three things, each reported:
    batched op does the members' work, launches cost only when kernels are launched one
    by one). A group that is not faster by the estimate is declined, with the estimate
    in its reason.
-3. **How big a group may be** (``chunk``): the graph's liveness (``memory.Liveness``,
-   outputs and lifetimes included; in a Torch-IR training graph, activations that need a
-   gradient stay live for the backward) with the group applied; a group that would raise
-   the graph's peak by more than ``memory_increase`` (2%, or ``MEMORY_SLACK`` on tiny
-   graphs) is cut into the largest balanced chunks that fit, or declined when not even
-   ``min_group`` members fit.
+3. **How big a group may be** (``chunk``): the graph's peak memory as Inductor would run
+   it, simulated with the group applied (``memory.Liveness.with_group``: the fused buffer,
+   the stacked copy, the members' consumers moved after the fused op; in a Torch-IR
+   training graph, activations saved for the backward and the group's gradients held at
+   once); a group that would raise the graph's peak (as the planner first saw it) by more
+   than ``memory_increase`` (2%, or ``MEMORY_SLACK`` on tiny graphs) is cut into balanced
+   chunks that fit, or declined when not even ``min_group`` members fit, or when its
+   members read consecutive parts of one tensor (``CUT_PARTS_WHY``).
 
 With ``tune=True`` (or ``mode="max-autotune"``) the compile also measures alternatives;
 that lives in ``optimus.compile`` (``Session._tuned``), built on ``tune`` and
