@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # H200 run 13 (2026-12-02): the memory model that leaves out what Inductor fuses and judges a
-# group on the graph it produces (optimus/planner/memory.py), --isolate:
+# group on the graph it produces (optimus/planner/memory.py), --isolate. Run 13 itself measured
+# an intermediate version (docs/benchmarks.md); run it again on main to check the memory rows and
+# splitcat's accuracy with "auto":
 #  1. inference, every zoo model, inductor / optimus / optimus-auto / inductor-cudagraphs / optimus-auto-cudagraphs;
 #  2. training of the models whose memory missed in run 11, inductor / optimus-auto.
 # fp32, TF32 off. Writes to $OUT.

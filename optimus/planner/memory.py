@@ -1,10 +1,11 @@
 """Peak memory of an FX graph as Inductor would run it, and what a horizontal fusion does to it.
 
-The estimate is a liveness curve over the graph's nodes in graph order, read off their fake
-values: every storage (views share their base's, found through fake-tensor storage
-identity) is live from the node that produces it to the last node that reads it, or to the
-end if a graph output holds it; inputs (placeholders: parameters, activations saved for
-backward, user inputs) are live throughout.
+The estimate is a liveness curve over the graph's nodes, read off their fake values: every
+storage (views share their base's, found through fake-tensor storage identity) is live from
+the node that produces it to the last node that reads it, or to the end if a graph output
+holds it; graph inputs (placeholders and attributes: parameters, activations saved for
+backward, user inputs) are live throughout. The order is the lower-peak one of graph order
+and a depth-first order (``dfs_order``): Inductor's scheduler reorders for peak memory.
 
 **What Inductor never materializes takes no memory** (H200 runs 6-10: counting every
 elementwise temporary made the graphs' peaks look 3x what Inductor allocates, so a batched
@@ -37,7 +38,7 @@ import numpy as np
 import torch
 import torch.fx as fx
 
-from ..core.vocab import VIEW_OPS, is_pointwise
+from ..core.vocab import is_pointwise
 
 GRAPH_INPUTS = ("placeholder", "get_attr")  # live throughout: user inputs, parameters (lifted or not)
 REALIZE_READERS = 4  # Inductor's realize_reads_threshold: more readers, and it stores the result
@@ -164,8 +165,9 @@ class FusedOp:
 
 
 class Liveness:
-    """Live bytes per node of ``graph`` as Inductor would run it (module docstring):
-    ``curve[i]`` while node ``i`` runs, ``peak`` its maximum."""
+    """Live bytes of ``graph`` as Inductor would run it (module docstring): ``curve[i]``
+    while the ``i``-th node of the chosen order runs (``depth_first``: which order), ``peak``
+    its maximum."""
 
     def __init__(self, graph: fx.Graph, saved_for_backward: bool = False, view: Any = None) -> None:
         """``saved_for_backward``: a training graph before AOTAutograd (Torch-IR). ``view``:
@@ -197,6 +199,7 @@ class Liveness:
         # storages live throughout (graph inputs): a group cannot change them
         self.resident = {k for n in self.nodes if n.op in GRAPH_INPUTS for k in self.keys[n]}
         self._spans: dict[Any, tuple[Any, int, int]] = {}
+        self.depth_first: bool | None = None  # set by the first curve: which order won
         self.curve = self._best_curve(self.nodes, self.inputs, self.keys, self.kind, self.size, spans=self._spans)
 
     @property
@@ -224,7 +227,7 @@ class Liveness:
         lists 32 towers' matmuls before their layer norms' elementwise tails). The graph's
         own curve tries both and remembers which won (``self.depth_first``); a group is then
         judged in the same kind of order, so the two peaks compare like with like."""
-        first = getattr(self, "depth_first", None)
+        first = self.depth_first
         kinds = (False, True) if first is None else (first,)
         best, best_spans, best_kind = None, None, False
         for depth_first in kinds:
