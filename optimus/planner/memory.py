@@ -214,9 +214,13 @@ class Liveness:
         live = [(owner.name, self.size[k]) for k, (owner, s, e) in self._spans.items() if s <= i <= e]
         return sorted(live, key=lambda x: -x[1])[:top]
 
+    def _input_keys(self, node: Any) -> set[Any]:
+        """The storages ``node``'s inputs hold (what it returns of them is a view, not its own)."""
+        return {k for i in self.inputs.get(node, ()) for k in self.keys.get(i, ())}
+
     def own_bytes(self, node: fx.Node) -> int:
         """Bytes of the storages ``node`` creates (not the views it returns of its inputs)."""
-        earlier = {k for i in self.inputs.get(node, ()) for k in self.keys.get(i, ())}
+        earlier = self._input_keys(node)
         return sum(self.size[k] for k in dict.fromkeys(self.keys.get(node, ())) if k not in earlier)
 
     # ------------------------------------------------------------------ one curve
@@ -358,7 +362,7 @@ class Liveness:
         for k in fused_keys:
             size[k] = 0
         for m in members:
-            earlier = {k for i in self.inputs[m] for k in self.keys[i]}
+            earlier = self._input_keys(m)
             for j, k in enumerate(self.keys[m]):
                 if k not in earlier and k not in remap:
                     remap[k] = fused_keys[j]
@@ -368,7 +372,8 @@ class Liveness:
             for x in self.holders[k]:
                 keys[x] = [remap.get(k2, k2) for k2 in self.keys[x]]
         keys[fused] = fused_keys
-        grad_out = sum(size[fk] for fk in fused_keys if any(remap.get(k0) == fk for k0 in self.grad))
+        grad = {remap.get(k, k) for k in self.grad}  # the fused buffer needs a gradient if a member's output did
+        grad_out = sum(size[fk] for fk in fused_keys if fk in grad)
 
         stacked_nodes = [node for node, _ in stacked]
         member_inputs = list(dict.fromkeys(i for m in members for i in self.inputs[m]))
@@ -394,7 +399,6 @@ class Liveness:
             per_member = [self.own_bytes(m) for m in members]
             grad_in = sum(b for node, b in stacked if any(k in self.grad for k in self.keys[node]))
             backward = grad_out + grad_in - max(per_member)
-        grad = {remap.get(k, k) for k in self.grad}
         return float(self._best_curve(order, inputs, keys, kind, size, end_bytes=backward, grad=grad).max())
 
 

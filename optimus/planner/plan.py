@@ -185,8 +185,8 @@ class Planner:
     def _stacked_inputs(view: GraphView, members: list[fx.Node]) -> list[tuple[fx.Node, int]]:
         """The members' activation inputs, which a batched op reads from a stacked copy
         (none when they are consecutive parts of one tensor: that stack is a view)."""
-        firsts = [m.all_input_nodes[0] for m in members if m.all_input_nodes]
-        if len(firsts) != len(members) or stack_is_free(view, firsts):
+        firsts = Planner._first_inputs(members)
+        if firsts is None or stack_is_free(view, firsts):
             return []
         out = []
         for node in firsts:
@@ -230,9 +230,15 @@ class Planner:
         return k, why
 
     @staticmethod
-    def _reads_parts_of_one_tensor(view: GraphView, members: list[fx.Node]) -> bool:
+    def _first_inputs(members: list[fx.Node]) -> list[fx.Node] | None:
+        """Each member's activation (first) input; ``None`` if a member has no input."""
         firsts = [m.all_input_nodes[0] for m in members if m.all_input_nodes]
-        return len(firsts) == len(members) and stack_is_free(view, firsts)
+        return firsts if len(firsts) == len(members) else None
+
+    @staticmethod
+    def _reads_parts_of_one_tensor(view: GraphView, members: list[fx.Node]) -> bool:
+        firsts = Planner._first_inputs(members)
+        return firsts is not None and stack_is_free(view, firsts)
 
     def judge(self, view: GraphView, rule: str, anchor: fx.Node, members: list[fx.Node], new_nodes: list[fx.Node]) -> str | None:
         """Why the built replacement should not be committed, if it should not."""
