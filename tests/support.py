@@ -119,10 +119,32 @@ def check_level(fn: Callable[..., Any], inputs: list[torch.Tensor], level: str, 
     """Run at ``level`` and assert outputs and input gradients equal eager's."""
     expected_out, expected_grads = _run(fn, inputs, grad)
     run = run_level(fn, inputs, level, passes, dynamic, grad)
-    assert_close_tree(run.outputs, expected_out)
-    assert_close_tree(run.grads, expected_grads)
+    try:
+        assert_close_tree(run.outputs, expected_out)
+        assert_close_tree(run.grads, expected_grads)
+    except AssertionError:
+        # fp32 results differ by summation order (the CPU's vector width moves Inductor's);
+        # then judge as PyTorch's benchmark harness does: against an fp64 eager reference,
+        # the compiled error may be at most a few times eager fp32's own
+        ref_out, ref_grads = _run(fn, [t.double() if t.is_floating_point() else t for t in inputs], grad)
+        assert_accurate_tree(run.outputs, expected_out, ref_out)
+        assert_accurate_tree(run.grads, expected_grads, ref_grads)
     assert not run.errors(), run.errors()
     return run
+
+
+def assert_accurate_tree(got: Any, eager: Any, ref64: Any, multiplier: float = 3.0, atol: float = 1e-6) -> None:
+    """Each tensor of ``got`` is as close to ``ref64`` (fp64 eager) as ``multiplier`` times
+    eager fp32's distance to it, plus ``atol`` (RMSE, as ``torch._dynamo.utils.same``)."""
+    lg, le, lr = (torch.utils._pytree.tree_leaves(t) for t in (got, eager, ref64))
+    assert len(lg) == len(le) == len(lr)
+    for x, y, r in zip(lg, le, lr):
+        if not isinstance(x, torch.Tensor) and not isinstance(y, torch.Tensor):
+            assert x == y
+            continue
+        assert x is not None and y is not None and r is not None, (x, y, r)
+        rmse = lambda a: (a.double() - r.double()).pow(2).mean().sqrt().item() if a.numel() else 0.0  # noqa: E731
+        assert rmse(x) <= multiplier * rmse(y) + atol, f"RMSE against fp64: compiled {rmse(x):.3e}, eager fp32 {rmse(y):.3e}"
 
 
 LEVELS = ["torch_ir", "aten_ir"]
