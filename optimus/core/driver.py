@@ -147,7 +147,7 @@ class Driver:
             if reason is not None:
                 raise Decline(reason)
             if self.planner is not None:
-                sized = self.planner.chunk(self.view, group.nodes, group.options["min_group"])
+                sized = self.planner.chunk(self.view, group.nodes, group.options["min_group"], rule.copied_operands(group))
                 if sized is not None:
                     return self._try_chunks(rule, group, stats, *sized)
             builder = Builder(self.view, anchor)

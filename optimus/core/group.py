@@ -92,6 +92,11 @@ class GroupRule(Rule):
     anchors: tuple[str, ...]  # type: ignore[assignment]
     key: Callable[[Call, GraphView], Hashable | None]
     kind: str = "horizontal"
+    #: ``copies(group)``: the member operands the replacement copies into new buffers each
+    #: step (stacks, packs, concatenations), one list per operand with a value per member;
+    #: the planner's memory estimate counts their bytes. Without it the planner assumes
+    #: the members' first inputs are stacked (unless they stack for free).
+    copies: Callable[["Group"], list[list[Any]]] | None = None
 
     KNOBS: ClassVar[Mapping[str, Any]] = {"min_group": 2, "max_group": 256, "max_span": MAX_SPAN}
 
@@ -100,7 +105,11 @@ class GroupRule(Rule):
         super().__post_init__()
 
     def code(self) -> tuple[Callable[..., Any], ...]:
-        return (*super().code(), self.key)
+        return (*super().code(), self.key) + ((self.copies,) if self.copies is not None else ())
+
+    def copied_operands(self, group: "Group") -> list[list[Any]] | None:
+        """What the replacement of ``group`` copies (``copies``); ``None`` if the rule does not say."""
+        return self.copies(group) if self.copies is not None else None
 
     def decline_reason(self, match: Any) -> str | None:
         """The members must still be independent (see the module docstring), then the
@@ -117,8 +126,9 @@ class GroupPlanner(Protocol):
     def round_started(self, view: GraphView, report: Any) -> None:
         """A round of group rules starts on ``view``'s graph as it is now."""
 
-    def chunk(self, view: GraphView, members: list[fx.Node], min_group: int) -> tuple[int, str] | None:
-        """``None`` if the group may run whole; else the members per chunk (0: none) and why."""
+    def chunk(self, view: GraphView, members: list[fx.Node], min_group: int, copies: list[list[Any]] | None = None) -> tuple[int, str] | None:
+        """``None`` if the group may run whole; else the members per chunk (0: none) and why.
+        ``copies``: what the replacement copies (``GroupRule.copied_operands``)."""
 
     def judge(self, view: GraphView, rule: str, anchor: fx.Node, members: list[fx.Node], new_nodes: list[fx.Node]) -> str | None:
         """Why the built replacement should not be committed, if it should not."""

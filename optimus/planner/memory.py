@@ -183,7 +183,9 @@ class Liveness:
         ids: dict[Any, int] = {}  # storage -> a small int (fast to hash, and never equal to a new key)
         for node in self.nodes:
             keys = []
-            for t in tensors_of(_val(node)):
+            # the output node holds what its inputs hold; its own ``val`` may be stale (the
+            # values before a rewrite), and would count them once more at the end
+            for t in tensors_of(_val(node)) if node.op != "output" else ():
                 k = ids.setdefault(_storage_key(t), len(ids))
                 keys.append(k)
                 if k not in self.size:
@@ -320,10 +322,11 @@ class Liveness:
         return np.cumsum(diff)[:n]
 
     # ------------------------------------------------------------------ a group
-    def with_group(self, members: Sequence[fx.Node], stacked: Iterable[tuple[fx.Node, int]] = (), allowed: float | None = None) -> float:
+    def with_group(self, members: Sequence[fx.Node], stacked: Iterable[tuple[fx.Node | None, int]] = (), allowed: float | None = None) -> float:
         """The peak of the graph with ``members`` run as one op (module docstring).
-        ``stacked``: the activations the op reads from a stacked copy, with their bytes
-        (empty when the stack is a view). ``allowed``: when even the most the group could
+        ``stacked``: the operands the op reads from a copy (stacks, packs), with their
+        bytes (empty when every stack is a view); the node is ``None`` for a parameter
+        outside the graph. ``allowed``: when even the most the group could
         add keeps the peak at or under it, that bound is returned without simulating."""
         index = self.index
         members = [m for m in members if m in index]
@@ -375,7 +378,7 @@ class Liveness:
         grad = {remap.get(k, k) for k in self.grad}  # the fused buffer needs a gradient if a member's output did
         grad_out = sum(size[fk] for fk in fused_keys if fk in grad)
 
-        stacked_nodes = [node for node, _ in stacked]
+        stacked_nodes = [node for node, _ in stacked if node is not None and node in self.index]
         member_inputs = list(dict.fromkeys(i for m in members for i in self.inputs[m]))
         inputs = dict(self.inputs)
         for m in members:
@@ -397,7 +400,7 @@ class Liveness:
         if self.saved_for_backward and grad_out:
             # the loop's backward held one member's gradients at a time, the group's all of them
             per_member = [self.own_bytes(m) for m in members]
-            grad_in = sum(b for node, b in stacked if any(k in self.grad for k in self.keys[node]))
+            grad_in = sum(b for node, b in stacked if node in self.keys and any(k in self.grad for k in self.keys[node]))
             backward = grad_out + grad_in - max(per_member)
         return float(self._best_curve(order, inputs, keys, kind, size, end_bytes=backward, grad=grad).max())
 

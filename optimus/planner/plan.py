@@ -39,6 +39,7 @@ import torch.fx as fx
 from ..core.report import GraphReport
 from ..core.symbolic import size_hint
 from ..core.view import GraphView
+from ..core.vocab import ParamRef
 from . import costmodel, estimate
 from ..rules.horizontal import stack_is_free
 from .memory import Liveness, MemoryBudget
@@ -177,31 +178,40 @@ class Planner:
             self._live = Liveness(view.graph, saved_for_backward=self._training, view=view)
         return self._live
 
-    def _peak_with(self, view: GraphView, members: list[fx.Node]) -> float:
+    def _peak_with(self, view: GraphView, members: list[fx.Node], copies: list[list[Any]] | None) -> float:
         allowed = self._budget.allowed if self._budget is not None else None
-        return self._liveness(view).with_group(members, self._stacked_inputs(view, members), allowed=allowed)
+        return self._liveness(view).with_group(members, self._stacked_inputs(view, members, copies), allowed=allowed)
 
     @staticmethod
-    def _stacked_inputs(view: GraphView, members: list[fx.Node]) -> list[tuple[fx.Node, int]]:
-        """The members' activation inputs, which a batched op reads from a stacked copy
-        (none when they are consecutive parts of one tensor: that stack is a view)."""
-        firsts = Planner._first_inputs(members)
-        if firsts is None or stack_is_free(view, firsts):
-            return []
-        out = []
-        for node in firsts:
-            v = view.tensor_val(node)
-            if v is not None and node.op != "get_attr":
-                out.append((node, size_hint(v.numel()) * v.element_size()))  # its own bytes, not its base's
+    def _stacked_inputs(view: GraphView, members: list[fx.Node], copies: list[list[Any]] | None = None) -> list[tuple[fx.Node | None, int]]:
+        """What the group's replacement copies each step, with the bytes of each member's
+        part: the rule's ``copies`` (``GroupRule.copied_operands``: stacked activations and
+        weights, packed operands, concatenated indices), else the members' activation
+        inputs (none when they are consecutive parts of one tensor: that stack is a view).
+        Only the first ``len(members)`` values of each list count (a chunk's members)."""
+        if copies is None:
+            firsts = Planner._first_inputs(members)
+            copies = [] if firsts is None or stack_is_free(view, firsts) else [firsts]
+        out: list[tuple[fx.Node | None, int]] = []
+        for values in copies:
+            for value in values[: len(members)]:
+                if isinstance(value, ParamRef):
+                    p = view.gm.get_parameter(value.target)
+                    out.append((None, p.numel() * p.element_size()))
+                    continue
+                v = view.tensor_val(value) if isinstance(value, fx.Node) else None
+                if v is not None:
+                    out.append((value, size_hint(v.numel()) * v.element_size()))  # its own bytes, not its base's
         return out
 
-    def chunk(self, view: GraphView, members: list[fx.Node], min_group: int) -> tuple[int, str] | None:
+    def chunk(self, view: GraphView, members: list[fx.Node], min_group: int, copies: list[list[Any]] | None = None) -> tuple[int, str] | None:
         """``None`` when every member fits the memory budget; else the members per chunk
-        (0: not even ``min_group`` fit) and why."""
+        (0: not even ``min_group`` fit) and why. ``copies``: what the replacement copies
+        (``GroupRule.copied_operands``; ``None``: the members' first inputs)."""
         if self._budget is None or len(members) < 2:
             return None
         budget = self._budget
-        whole = self._peak_with(view, members)
+        whole = self._peak_with(view, members, copies)
         if budget.fits(whole):
             return None
         cut = not self._reads_parts_of_one_tensor(view, members)
@@ -216,7 +226,7 @@ class Planner:
             for _ in range(4):
                 if size < lo:
                     break
-                if budget.fits(self._peak_with(view, members[:size])):
+                if budget.fits(self._peak_with(view, members[:size], copies)):
                     k = size
                     break
                 size = min(size - 1, size * 2 // 3)

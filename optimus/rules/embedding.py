@@ -294,12 +294,25 @@ def _bag_size_args(lks: list[Lookup], b: Any) -> list[Any]:
     return out
 
 
+def _packed_indices(g: Group) -> list[list[Any]]:
+    """What the replacement concatenates each step (a rule's ``copies``, for the planner's
+    memory estimate): the indices, and the offsets and per-sample weights where given."""
+    lks = [lookup_of(c, g.view) for c in g.members]
+    lists = [[lk.indices for lk in lks]]
+    if lks[0].offsets is not None:
+        lists.append([lk.offsets for lk in lks])
+    if lks[0].per_sample_weights is not None:
+        lists.append([lk.per_sample_weights for lk in lks])
+    return lists
+
+
 @group_rule(
     ("embedding", "embedding_bag"),
     key=_lookup_key,
     where=[_every_lookup_supported, _on_a_gpu, _fewer_launches],
     priority=100,
     options={"deterministic": True},
+    copies=_packed_indices,
 )
 def group_embedding_lookups(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     """Independent embedding lookups on different tables become one grouped lookup.

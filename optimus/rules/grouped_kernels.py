@@ -159,6 +159,27 @@ def _check_profitable(g: Group, kernels_before: int, operand_lists: Sequence[Seq
         g.decline(f"not profitable: would pack {size} bytes (> max_pack_bytes={limit})")
 
 
+def _packed_copies(view: GraphView, operand_lists: Sequence[Sequence[Any] | None]) -> list[list[Any]]:
+    """The operand lists a pack copies (a rule's ``copies``, for the planner's memory estimate)."""
+    return [list(vs) for vs in operand_lists if vs is not None and not _pack_is_free(view, vs)]
+
+
+def _linear_copies(g: Group) -> list[list[Any]]:
+    bs = [c.args["bias"] for c in g.members] if g.members[0].args.get("bias") is not None else None
+    return _packed_copies(g.view, [[c.input for c in g.members], [c.args["weight"] for c in g.members], bs])
+
+
+def _mm_copies(g: Group) -> list[list[Any]]:
+    bs = [c.args["bias"] for c in g.members] if g.op == "addmm" else None
+    return _packed_copies(g.view, [[c.input for c in g.members], [c.args["mat2"] for c in g.members], bs])
+
+
+def _layer_norm_copies(g: Group) -> list[list[Any]]:
+    a0 = g.members[0].args
+    params = [[c.args[k] for c in g.members] if a0[k] is not None else None for k in ("weight", "bias")]
+    return _packed_copies(g.view, [[c.input for c in g.members]] + params)
+
+
 def _unpack(b: Builder, packed: fx.Node, shapes: Sequence[Sequence[int]]) -> list[fx.Node]:
     """Views of the packed result in the members' shapes."""
     sizes = [math.prod(s) for s in shapes]
@@ -241,6 +262,7 @@ def _linear_shapes_differ(g: Group) -> str | None:
     where=[_on_a_gpu, _linear_shapes_differ],
     priority=112,
     options={"max_pack_bytes": MAX_PACK_BYTES},
+    copies=_linear_copies,
 )
 def grouped_linear(g: Group, b: Builder) -> dict[fx.Node, fx.Node]:
     """Independent linears of different (K, N) become one grouped-linear kernel call,
@@ -310,6 +332,7 @@ def _mm_shapes_differ(g: Group) -> str | None:
     where=[_on_a_gpu, _graph_allows_grouping, _mm_shapes_differ, _no_long_reduction],
     priority=112,
     options={"max_pack_bytes": MAX_PACK_BYTES, "backward_graphs": False},
+    copies=_mm_copies,
 )
 def grouped_mm(g: Group, b: Builder) -> dict[fx.Node, fx.Node]:
     """Independent matmuls of different shapes in an inference graph (or, opt-in, a backward
@@ -360,6 +383,7 @@ def _layer_norm_shapes_differ(g: Group) -> str | None:
     where=[_on_a_gpu, _layer_norm_shapes_differ],
     priority=122,
     options={"max_pack_bytes": MAX_PACK_BYTES},
+    copies=_layer_norm_copies,
 )
 def batched_layer_norm(g: Group, b: Builder) -> dict[fx.Node, fx.Node]:
     """Independent LayerNorms of different widths become one batched-layer-norm kernel call.

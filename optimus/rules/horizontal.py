@@ -65,6 +65,12 @@ def _stack_is_free(view: GraphView, items: list[Any]) -> bool:
 stack_is_free = _stack_is_free  # the planner prices stacks with the same analysis (optimus.planner.estimate)
 
 
+def _copied(g: Group, operand_lists: list[list[Any]]) -> list[list[Any]]:
+    """The operand lists a stack copies (a rule's ``copies``: what the planner's memory
+    estimate counts)."""
+    return [vs for vs in operand_lists if not _stack_is_free(g.view, vs)]
+
+
 def _launch_count(g: Group, operand_lists: list[list[Any]]) -> tuple[int, int]:
     """(kernels before, kernels after) for a fusion stacking ``operand_lists``."""
     copies = sum(0 if _stack_is_free(g.view, ops) else 1 for ops in operand_lists)
@@ -148,7 +154,21 @@ def _linear_key(call: Call, view: GraphView) -> Hashable:
     return ("linear", _sig(view, x), _sig(view, w), bias is not None and _sig(view, bias))
 
 
-@group_rule("linear", key=_linear_key, priority=110, options={"max_stack_bytes": MAX_STACK_BYTES, "packed_weights": True})
+def _linear_operands(g: Group) -> tuple[bool, list[list[Any]]]:
+    """(weights lie packed, the operand lists ``batch_linear`` stacks)."""
+    xs = [c.input for c in g.members]
+    ws = [c.args["weight"] for c in g.members]
+    bs = [c.args.get("bias") for c in g.members]
+    packed = g.options.get("packed_weights", True) and _lies_packed(g.view, ws) and not _long_weight_gradient(g, xs, ws)
+    stacked = [xs] + ([] if packed else [ws]) + ([bs] if bs[0] is not None and not (packed and _lies_packed(g.view, bs)) else [])
+    return packed, stacked
+
+
+def _linear_copies(g: Group) -> list[list[Any]]:
+    return _copied(g, _linear_operands(g)[1])
+
+
+@group_rule("linear", key=_linear_key, priority=110, options={"max_stack_bytes": MAX_STACK_BYTES, "packed_weights": True}, copies=_linear_copies)
 def batch_linear(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     """Linears of identical shapes on different inputs become one batched matmul.
 
@@ -166,8 +186,7 @@ def batch_linear(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     ws = [c.args["weight"] for c in g.members]
     bs = [c.args.get("bias") for c in g.members]
     has_bias = bs[0] is not None
-    packed = g.options.get("packed_weights", True) and _lies_packed(g.view, ws) and not _long_weight_gradient(g, xs, ws)
-    stacked = [xs] + ([] if packed else [ws]) + ([bs] if has_bias and not (packed and _lies_packed(g.view, bs)) else [])
+    packed, stacked = _linear_operands(g)
     _profitable(g, stacked)
     shape = emittable_shape(g.shape(xs[0]))
     k, n = shape[-1], g.shape(ws[0])[0] if isinstance(ws[0], fx.Node) else g.view.gm.get_parameter(ws[0].target).shape[0]
@@ -205,7 +224,14 @@ def _linear_lhs_key(call: Call, view: GraphView) -> Hashable:
     return ("linear_lhs", id(x), wsig[1][1], wsig[2], wsig[3], bias is not None)
 
 
-@group_rule("linear", key=_linear_lhs_key, priority=105, options={"max_stack_bytes": MAX_STACK_BYTES})
+def _linear_lhs_copies(g: Group) -> list[list[Any]]:
+    """The weights (and biases) ``batch_linear_lhs`` concatenates: the input is shared."""
+    ws = [c.args["weight"] for c in g.members]
+    bs = [c.args.get("bias") for c in g.members]
+    return _copied(g, [ws] + ([bs] if bs[0] is not None else []))
+
+
+@group_rule("linear", key=_linear_lhs_key, priority=105, options={"max_stack_bytes": MAX_STACK_BYTES}, copies=_linear_lhs_copies)
 def batch_linear_lhs(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     """Linears reading the same input become one linear on concatenated weights.
 
@@ -238,7 +264,18 @@ def _layer_norm_key(call: Call, view: GraphView) -> Hashable:
     return ("layer_norm", _sig(view, a["input"]), tuple(a["normalized_shape"]), a["eps"], _sig(view, a["weight"]), _sig(view, a["bias"]))
 
 
-@group_rule("layer_norm", key=_layer_norm_key, levels=("torch_ir",), priority=120, options={"max_stack_bytes": MAX_STACK_BYTES})
+def _layer_norm_operands(g: Group) -> list[list[Any]]:
+    xs = [c.input for c in g.members]
+    ws = [c.args["weight"] for c in g.members]
+    bs = [c.args["bias"] for c in g.members]
+    return [xs] + ([ws] if ws[0] is not None else []) + ([bs] if bs[0] is not None else [])
+
+
+def _layer_norm_copies(g: Group) -> list[list[Any]]:
+    return _copied(g, _layer_norm_operands(g))
+
+
+@group_rule("layer_norm", key=_layer_norm_key, levels=("torch_ir",), priority=120, options={"max_stack_bytes": MAX_STACK_BYTES}, copies=_layer_norm_copies)
 def batch_layer_norm(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     """LayerNorms of one normalized shape become one LayerNorm plus one affine.
 
@@ -254,8 +291,7 @@ def batch_layer_norm(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
             "mean/rstd may get another layout from Inductor, and AOTAutograd restrides the backward's copy "
             "with the example sizes (a guard that specializes the batch)"
         )
-    lists = [xs] + ([ws] if ws[0] is not None else []) + ([bs] if bs[0] is not None else [])
-    _profitable(g, lists)
+    _profitable(g, _layer_norm_operands(g))
     rank = g.view.rank(xs[0])
     x = b.stack(xs, 0)
     y = b.layer_norm(x, list(a0["normalized_shape"]), None, None, a0["eps"])
@@ -325,7 +361,17 @@ def _pointwise_key(call: Call, view: GraphView) -> Hashable:
     return tuple(parts)
 
 
-@group_rule(BATCHABLE_POINTWISE, key=_pointwise_key, priority=130, options={"max_stack_bytes": MAX_STACK_BYTES}, knobs={"min_group": 3})
+def _pointwise_operands(g: Group) -> tuple[list[str], list[list[Any]]]:
+    """(the tensor arguments' names, their lists over the members)."""
+    names = [k for k, v in g.members[0].args.items() if isinstance(v, fx.Node)]
+    return names, [[c.args[k] for c in g.members] for k in names]
+
+
+def _pointwise_copies(g: Group) -> list[list[Any]]:
+    return _copied(g, _pointwise_operands(g)[1])
+
+
+@group_rule(BATCHABLE_POINTWISE, key=_pointwise_key, priority=130, options={"max_stack_bytes": MAX_STACK_BYTES}, knobs={"min_group": 3}, copies=_pointwise_copies)
 def batch_pointwise(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     """Identical elementwise ops on different tensors become one op on their stack.
 
@@ -333,8 +379,7 @@ def batch_pointwise(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     Every argument is kept: scalars and options must agree, tensors are stacked (or
     shared), so alpha, rounding_mode, clamp bounds, nan_to_num values and the like stay.
     """
-    names = [k for k, v in g.members[0].args.items() if isinstance(v, fx.Node)]
-    lists = [[c.args[k] for c in g.members] for k in names]
+    names, lists = _pointwise_operands(g)
     if not _stack_is_free(g.view, lists[names.index("input")]):
         g.decline("inputs are separate tensors: stacking them is a copy, and Inductor already fuses elementwise ops into their producers")
     _profitable(g, lists)
@@ -358,7 +403,16 @@ def _mm_key(call: Call, view: GraphView) -> Hashable:
     return (call.op, sigs, a.get("beta", 1), a.get("alpha", 1))
 
 
-@group_rule(("mm", "addmm"), key=_mm_key, levels=("aten_ir",), priority=110, options={"max_stack_bytes": MAX_STACK_BYTES})
+def _mm_operands(g: Group) -> list[list[Any]]:
+    lists = [[c.input for c in g.members], [c.args["mat2"] for c in g.members]]
+    return lists + ([[c.args["bias"] for c in g.members]] if g.op == "addmm" else [])
+
+
+def _mm_copies(g: Group) -> list[list[Any]]:
+    return _copied(g, _mm_operands(g))
+
+
+@group_rule(("mm", "addmm"), key=_mm_key, levels=("aten_ir",), priority=110, options={"max_stack_bytes": MAX_STACK_BYTES}, copies=_mm_copies)
 def batch_mm(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     """Matmuls of identical shapes become one batched matmul (Aten-IR, forward and backward).
 
@@ -371,9 +425,7 @@ def batch_mm(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     q = (g.shape(m2[0]) or (None, None))[1]
     if None not in (p, m, q) and long_reduction(len(a), size_hint(p), size_hint(m), size_hint(q)):
         g.decline(f"a long reduction (k={size_hint(m)} for {size_hint(p)}x{size_hint(q)} outputs): one batched matmul runs slower than its members (see unbatch_long_reduction_bmm)")
-    lists = [a, m2]
-    if g.op == "addmm":
-        lists.append([c.args["bias"] for c in g.members])
+    lists = _mm_operands(g)
     _profitable(g, lists)
     x, w = b.stack(a, 0), b.stack(m2, 0)
     if g.op == "mm":

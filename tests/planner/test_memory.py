@@ -113,3 +113,13 @@ def test_graph_order_that_holds_every_tower_at_once_is_rescheduled_depth_first()
     one = rows * wide * 4
     assert live.depth_first  # the rescheduled order had the lower peak
     assert live.peak - _inputs_bytes(live) < n * one + 1.5 * one  # as if tower by tower
+
+
+def test_the_output_node_counts_what_its_inputs_hold_not_its_own_stale_value():
+    # a rewrite leaves the output node's ``val`` as it was (the old values): read through
+    # its inputs, the outputs count once, as the values the graph now returns
+    gm, _ = _graph()
+    peak = Liveness(gm.graph).peak
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    out.meta["val"] = [torch.empty(1024, 1024) for _ in range(4)]  # 16 MiB nobody produces
+    assert Liveness(gm.graph).peak == peak
