@@ -1,0 +1,119 @@
+"""Paired timing on the GPU: Inductor and Optimus configurations of one model, compiled in one
+process and timed in alternation, so the ratio of each round cancels what drifts between rounds.
+
+Why: runs 6-13 (docs/benchmarks.md) timed each configuration in its own process; identical
+graphs then differed by up to 60% and one row's repeats by up to 41%. Here every round times
+each configuration once (``iters`` steps, the median), in a rotated order, and the figure is
+the median over rounds of the per-round ratio, with its range.
+
+    python docs/results/gpu-paired.py --model dlrm --modes infer,train --json $OUT/dlrm.json
+
+Many models: one process each, started together. They compile concurrently under a shared
+lock (``--lock FILE``) and time one at a time under the exclusive one, so no compile runs while
+anything is timed. Accuracy of each configuration's first step: the bench's rule
+(``optimus.bench.accuracy``, fp64 eager reference). fp32, TF32 off.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import statistics
+import time
+
+import torch
+
+from optimus import measure
+from optimus.bench import accuracy
+from optimus.bench.configs import CONFIGS
+from optimus.bench.external import get_bench_model
+from optimus.bench.harness import LR, Runner, _count_kernels, _optimus_summary, _peak_memory
+
+
+@contextlib.contextmanager
+def locked(path: str | None, exclusive: bool):
+    if path is None:
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True)
+    p.add_argument("--modes", default="infer,train")
+    p.add_argument("--configs", default="inductor,optimus,optimus-auto")
+    p.add_argument("--size", default="realistic")
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--device", default="cuda")  # cpu: a dry run (--size small)
+    p.add_argument("--lock")
+    p.add_argument("--json", required=True)
+    a = p.parse_args()
+    torch._dynamo.config.cache_size_limit = 64
+    torch._dynamo.config.accumulated_cache_size_limit = 512
+    dev = torch.device(a.device)
+    configs = a.configs.split(",")
+    out = {"model": a.model, "torch": torch.__version__, "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "rounds": a.rounds, "iters": a.iters, "rows": {}}
+    for mode in a.modes.split(","):
+        runners, rows = {}, {}
+        with locked(a.lock, exclusive=False), accuracy.tf32_mode(False):  # build, compile, first step
+            ref = accuracy.eager_reference(a.model, mode, a.size, a.device, 0)
+            for cfg in configs:
+                row = rows[cfg] = {"config": cfg, "mode": mode}
+                try:
+                    zoo = get_bench_model(a.model, a.size, a.device, 0)
+                    r = Runner(zoo, CONFIGS[cfg].wrap(zoo.model), mode, LR)
+                    t0 = time.perf_counter()
+                    first = r.forward_backward()
+                    measure.synchronize(dev)
+                    row["first_step_s"] = round(time.perf_counter() - t0, 2)
+                    row["parity"] = accuracy.judge(ref, first, r.grads() if mode == "train" else None, accuracy.accuracy_tolerance(a.device, mode))
+                    if r.opt is not None:
+                        r.opt.step()
+                    del first
+                    row.update(_optimus_summary(r.fn))
+                    runners[cfg] = r
+                except Exception as e:  # one configuration failing keeps the others
+                    row["error"] = f"{type(e).__name__}: {e}"[:500]
+        with locked(a.lock, exclusive=True), accuracy.tf32_mode(False):  # timed: nothing else runs
+            times = {cfg: [] for cfg in runners}
+            for cfg, r in runners.items():
+                if dev.type == "cuda":  # the profiler's kernel events (the CPU count needs the first step)
+                    _count_kernels(rows[cfg], r, dev, None)
+                for _ in range(3):
+                    r.step()
+            names = list(runners)
+            for i in range(a.rounds):
+                order = names[i % len(names):] + names[: i % len(names)]
+                for cfg in order:
+                    times[cfg].append(measure.step_ms_medians(runners[cfg].step, dev, warmup=2, iters=a.iters)[0])
+            for cfg, r in runners.items():
+                rows[cfg]["peak_memory_bytes"], rows[cfg]["memory_method"], _ = _peak_memory(r.step, dev)
+                rows[cfg]["step_ms_rounds"] = [round(t, 4) for t in times[cfg]]
+                rows[cfg]["step_ms"] = statistics.median(times[cfg])
+        base = times.get("inductor")
+        for cfg in runners:
+            if base and cfg != "inductor":
+                ratios = sorted(b / t for b, t in zip(base, times[cfg]))
+                rows[cfg]["speedup_vs_inductor"] = {"median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1]}
+                mb, mi = rows[cfg].get("peak_memory_bytes"), rows["inductor"].get("peak_memory_bytes")
+                if mb and mi:
+                    rows[cfg]["memory_vs_inductor"] = mb / mi
+        for cfg, row in rows.items():
+            out["rows"][f"{a.model}/{mode}/{cfg}"] = row
+        del runners
+        torch._dynamo.reset()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+        json.dump(out, open(a.json, "w"), indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()
