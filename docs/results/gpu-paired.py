@@ -82,6 +82,9 @@ def main() -> None:
                     runners[cfg] = r
                 except Exception as e:  # one configuration failing keeps the others
                     row["error"] = f"{type(e).__name__}: {e}"[:500]
+        for cfg, row in rows.items():  # what a timeout would otherwise lose
+            out["rows"][f"{a.model}/{mode}/{cfg}"] = row
+        json.dump(out, open(a.json, "w"), indent=1, default=str)
         with locked(a.lock, exclusive=True), accuracy.tf32_mode(False):  # timed: nothing else runs
             times = {cfg: [] for cfg in runners}
             for cfg, r in runners.items():
