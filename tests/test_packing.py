@@ -363,7 +363,7 @@ def test_compile_with_pack_parameters_records_it_reads_weights_in_place_and_matc
     out.square().sum().backward()
     out_ref.square().sum().backward()
     for (n, p), q in zip(model.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=n)
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=n)
         assert p.grad.stride() == p.stride(), n
     grads = tower_params(model, "linear.weight")
     assert len({StorageWeakRef(p.grad.untyped_storage()) for p in grads}) == 1
@@ -549,7 +549,7 @@ def test_compiled_packed_group_with_a_frozen_member_and_a_weight_used_elsewhere_
     for (n, p), q in zip(model.named_parameters(), ref.parameters()):
         assert (p.grad is None) == (q.grad is None), n
         if p.grad is not None:
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=n)
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=n)
     assert model.towers[2].linear.weight.grad is None
 
 
