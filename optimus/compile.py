@@ -252,12 +252,17 @@ class Session:
 
     def _plan(self, context: "planner_plan.Context") -> None:
         """Attach this compile's planner (``passes="auto"``) and its choice of rules."""
+        self.config = self._planned_config(context, describe=True)
+
+    def _planned_config(self, context: "planner_plan.Context", describe: bool = False) -> PassConfig:
+        """The base config with a planner for ``context``: its rules and rule options."""
         planner = planner_plan.Planner(context)
         rules, notes = planner.configure(dict(self.base_config.rules))
-        self.config = dataclasses.replace(self.base_config, rules=rules, planner=planner)
-        self.note_once(planner.describe())
+        if describe:
+            self.note_once(planner.describe())
         for note in notes:
             self.note_once(note)
+        return dataclasses.replace(self.base_config, rules=rules, options=planner.rule_options(self.base_config.options), planner=planner)
 
     def _tuned(self, gm: fx.GraphModule, example_inputs: list[Any], options: dict[str, Any], context: "planner_plan.Context") -> PassConfig | None:
         """``tune=True``: compile the graph under each of ``TUNE_CANDIDATES``, time each on
@@ -304,11 +309,7 @@ class Session:
 
     def _candidate_config(self, plan: str, context: "planner_plan.Context") -> PassConfig:
         if plan == AUTO:
-            planner = planner_plan.Planner(context)
-            rules, notes = planner.configure(dict(self.base_config.rules))
-            for note in notes:
-                self.note_once(note)
-            return dataclasses.replace(self.base_config, rules=rules, planner=planner)
+            return self._planned_config(context)
         return dataclasses.replace(resolve(plan), spec=f"{AUTO}:{plan}")
 
     def _compile(self, gm: fx.GraphModule, example_inputs: list[Any], options: dict[str, Any], user: dict[str, Any], plain: dict[str, Any]) -> Callable[..., Any]:

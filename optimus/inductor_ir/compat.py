@@ -454,6 +454,27 @@ def save_state(scheduler: Any) -> dict[str, Any]:
     }
 
 
+def schedule_peak_estimator(scheduler: Any, nodes: list[Any]) -> tuple[int, Callable[[list[Any]], int]] | None:
+    """Inductor's own estimate of a node order's peak memory (``torch._inductor.memory``,
+    what its ``reorder_for_peak_memory`` uses): ``(peak of nodes in this order, estimate)``
+    where ``estimate(order)`` prices another order of the same nodes. ``None`` where this
+    torch lacks it or it fails on these nodes."""
+    try:
+        from torch._inductor import memory as imem
+        from torch._inductor.virtualized import V
+
+        outputs = ordered_set(list(V.graph.get_output_names()))
+        inputs = ordered_set(list(V.graph.graph_inputs.keys()))
+        peak, freeable = imem.prepare_planning_info(list(nodes), scheduler.name_to_buf, scheduler.name_to_fused_node, inputs, outputs)
+
+        def estimate(order: list[Any]) -> int:
+            return int(imem.estimate_peak_memory(list(order), freeable, outputs)[0])
+
+        return int(peak), estimate
+    except Exception:
+        return None
+
+
 def ordered_set(items: list[Any]) -> Any:
     try:
         from torch.utils._ordered_set import OrderedSet

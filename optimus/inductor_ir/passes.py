@@ -49,6 +49,7 @@ from .view import SchedulerView
 log = logging.getLogger("optimus")
 
 MAX_NOTES_PER_RULE = 12
+MEMORY_SLACK = 256 * 2**10  # bytes a merge may add regardless (a tiny graph's few percent is nothing)
 LEFT_ALONE = (
     "Inductor's combo codegen would launch it on its own (it partitions pointwise kernels, "
     "short and long reductions and tilings into separate launches)"
@@ -172,6 +173,54 @@ def run_hook(session: Any, hook: str, nodes: list[Any]) -> list[Any]:
     return out
 
 
+# ------------------------------------------------------------------------ memory
+class ScheduleMemory:
+    """Bounds the peak memory of the driver's node list (a rule's ``memory_increase``).
+
+    A merged kernel runs where its first member ran, so the others' outputs are allocated
+    earlier and what they read must be ready earlier. A merge is simulated on the current
+    order, without performing it: the other members moved next to the first, dependencies
+    re-sorted ahead of them, then priced by Inductor's own peak estimate
+    (``compat.schedule_peak_estimator``). The budget is the peak of the list the rules
+    started from, plus the increase; the estimator is rebuilt after each accepted merge."""
+
+    def __init__(self, scheduler: Any, live: Any) -> None:
+        self.scheduler = scheduler
+        self.live = live
+        self.base: int | None = None
+        self._estimate: Any = None
+
+    def _prepare(self) -> bool:
+        if self._estimate is None:
+            got = compat.schedule_peak_estimator(self.scheduler, compat.topo_sort(self.scheduler, list(self.live)))
+            if got is None:
+                return False
+            peak, self._estimate = got
+            if self.base is None:
+                self.base = peak
+        return True
+
+    def changed(self) -> None:
+        self._estimate = None
+
+    def why_not(self, members: list[Any], increase: float) -> str | None:
+        """Why merging ``members`` (nodes of the current list) would break the budget."""
+        if not self._prepare():
+            return "no peak-memory estimate for this graph (Inductor's torch._inductor.memory failed on it)"
+        order = compat.topo_sort(self.scheduler, list(self.live))
+        first = min(members, key=order.index)
+        rest = [n for n in members if n is not first]
+        moved = [n for n in order if n not in rest]
+        at = moved.index(first) + 1
+        moved[at:at] = sorted(rest, key=order.index)
+        peak = self._estimate(self.scheduler.topological_sort_schedule(moved))
+        allowed = self.base * (1 + increase) + MEMORY_SLACK  # type: ignore[operator]
+        if peak <= allowed:
+            return None
+        return (f"memory: the merged kernel would raise the schedule's estimated peak to {peak / 2**20:.2f} MiB "
+                f"(from {self.base / 2**20:.2f} MiB; allowed: {increase:.0%} more)")  # type: ignore[operator]
+
+
 # ------------------------------------------------------------------------ the driver
 class _StateError(RuntimeError):
     """A fusion failed half-way: the scheduler's bookkeeping may be inconsistent."""
@@ -196,6 +245,7 @@ class Driver:
         self.actions = 0
         self.notes: collections.Counter[str] = collections.Counter()
         self._facts: legality.CodegenFacts | None = None
+        self.memory = ScheduleMemory(scheduler, self.live)
 
     @property
     def facts(self) -> legality.CodegenFacts:
@@ -387,6 +437,7 @@ class Driver:
                         if combo:
                             if not isinstance(action, ComboAction):
                                 raise TypeError(f"a combo rule must return b.combo(...), got {type(action).__name__}")
+                            self._memory_check(options, group + [x])
                             group.append(x)
                         else:
                             if not isinstance(action, FuseAction):
@@ -395,6 +446,7 @@ class Driver:
                             ok, why = compat.inductor_can_fuse(self.scheduler, first, second, relaxed=True)
                             if not ok:
                                 raise Decline(f"Inductor cannot fuse them: {why}")
+                            self._memory_check(options, [first, second])
                             target = self._fuse(first, second)
                             group.append(x)
                             self.actions += 1
@@ -421,7 +473,18 @@ class Driver:
                 if name not in fused_names:
                     stats.decline(name, reason)
 
+    def _memory_check(self, options: dict[str, Any], members: list[Any]) -> None:
+        """A rule with ``memory_increase`` (set by ``passes="auto"``) declines a merge that
+        would raise the schedule's estimated peak by more (``ScheduleMemory``)."""
+        increase = options.get("memory_increase")
+        if increase is None:
+            return
+        why = self.memory.why_not(members, float(increase))
+        if why is not None:
+            raise Decline(why)
+
     def _fuse(self, first: Any, second: Any) -> Any:
+        self.memory.changed()
         try:
             new = compat.fuse_two(self.scheduler, first, second, self.live)
             self.created.append(new)
@@ -472,6 +535,7 @@ class Driver:
                     for n in group:
                         reasons[n.get_name()] = "benchmark: the combo kernel is not faster"
                     return []
+        self.memory.changed()
         try:
             node = compat.make_combo(self.scheduler, group)
             self.created.append(node)

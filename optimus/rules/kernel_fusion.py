@@ -109,7 +109,7 @@ def fuse_producer_consumer(m: FusionMatch, b: FusionBuilder):
     kind="horizontal",
     priority=20,
     where=[_within_max_kernels, _within_max_nodes, _within_max_work, _near_in_schedule, _same_cpu_region],
-    options={"max_kernels": 8, "max_nodes": 64, "max_work": 1 << 24, "max_distance": 64},
+    options={"max_kernels": 8, "max_nodes": 64, "max_work": 1 << 24, "max_distance": 64, "memory_increase": None},
     knobs={"max_attempts": 64},
 )
 def fuse_independent_kernels(m: FusionMatch, b: FusionBuilder):
@@ -123,7 +123,9 @@ def fuse_independent_kernels(m: FusionMatch, b: FusionBuilder):
     launches (GPU) or loop nests (CPU). Candidates are grouped by (device, numel,
     rnumel); Inductor's own ``can_fuse`` decides whether the backend can generate the
     pair as one kernel, with its shared-data, distance and peak-memory heuristics
-    replaced by this rule's caps.
+    replaced by this rule's caps. With ``memory_increase`` (``passes="auto"`` sets it) a
+    merge that would raise the schedule's estimated peak memory by more is declined
+    (``inductor_ir.passes.ScheduleMemory``).
     """
     return b.fuse(m.target, m.candidate)
 
@@ -139,7 +141,7 @@ def _combinable(m: FusionMatch) -> bool:
     kind="horizontal",
     priority=30,
     where=[_within_max_kernels, _within_max_work, _reductions_within_max_rnumel, _near_in_schedule],
-    options={"max_kernels": 8, "max_work": 1 << 20, "max_rnumel": 2048, "max_distance": 64},
+    options={"max_kernels": 8, "max_work": 1 << 20, "max_rnumel": 2048, "max_distance": 64, "memory_increase": None},
     knobs={"max_attempts": 64, "verify_codegen": True, "benchmark": False},
 )
 def combo_small_kernels(m: FusionMatch, b: FusionBuilder):
@@ -154,7 +156,8 @@ def combo_small_kernels(m: FusionMatch, b: FusionBuilder):
     are grouped by kind (Inductor launches pointwise kernels and reductions apart); the
     combo's source is generated once before it is accepted (``verify_codegen``), and
     members Inductor's partitioning would launch alone stay as they were;
-    ``benchmark=True`` also times it against the separate kernels (slower compiles). The
+    ``benchmark=True`` also times it against the separate kernels (slower compiles);
+    ``memory_increase`` bounds the peak memory as for ``fuse_independent_kernels``. The
     driver keeps out the second stage of a split mix-order reduction, which Inductor
     computes inside the mix-order kernel (see docs/inductor-ir.md, issue 11).
     """

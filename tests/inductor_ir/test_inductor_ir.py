@@ -331,3 +331,39 @@ def test_unsupported_torch_installs_nothing_and_says_why(monkeypatch):
     assert any("unsupported on this torch" in n for n in session.report.notes)
     patches = session.inductor_patches()
     assert "_post_fusion_custom_pass" not in patches and "post_grad_custom_pre_pass" in patches
+
+
+# ---------------------------------------------------------------- memory (passes="auto")
+@needs_hooks
+def test_merges_are_priced_by_inductors_peak_memory_estimate(monkeypatch):
+    from optimus.inductor_ir import passes
+
+    seen = []
+    orig = passes.ScheduleMemory.why_not
+
+    def why_not(self, members, increase):
+        why = orig(self, members, increase)
+        seen.append((self.base, why))
+        return why
+
+    monkeypatch.setattr(passes.ScheduleMemory, "why_not", why_not)
+    # the default bound (passes="auto" sets 2%): these merges keep the peak, all happen
+    kept = scenario("independent", {"inductor_ir": {"fuse_independent_kernels": {"memory_increase": 0.02}}})
+    assert kept.matched("fuse_independent_kernels") == 3
+    assert seen and all(base is not None and base > 0 and why is None for base, why in seen), seen
+    # a budget below the peak (no slack): every merge declines, with the estimate in its reason
+    monkeypatch.setattr(passes, "MEMORY_SLACK", 0)
+    refused = scenario("independent", {"inductor_ir": {"fuse_independent_kernels": {"memory_increase": -0.5}}})
+    assert refused.matched("fuse_independent_kernels") == 0
+    reasons = [r for g in refused.graphs() for r in g.rules["fuse_independent_kernels"].declined]
+    assert reasons and all(r.startswith("memory: the merged kernel would raise the schedule's estimated peak to ") for r in reasons), reasons
+    assert_close_tree(refused.outputs, eager("independent")[0])
+
+
+def test_auto_bounds_the_kernel_merging_rules_by_memory():
+    from optimus.planner.plan import Context, Planner
+
+    options = Planner(Context("cuda")).rule_options({("inductor_ir", "combo_small_kernels"): {"memory_increase": 0.5}})
+    assert options[("inductor_ir", "fuse_independent_kernels")] == {"memory_increase": 0.02}
+    assert options[("inductor_ir", "combo_small_kernels")] == {"memory_increase": 0.5}  # what was set stays
+    assert resolve("all").options_for("inductor_ir", REGISTRY.get("fuse_independent_kernels"))["memory_increase"] is None  # fixed presets: unbounded
