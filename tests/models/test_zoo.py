@@ -98,8 +98,10 @@ def test_small_graph_is_one_modest_graph(name: str) -> None:
 
 # dlrm's training step through optimus.compile(passes="all") against eager by the same rule
 # and tolerance is also tests/bench/test_bench.py::test_train_rows_merge_into_existing_file
-# (its ``optimus`` row: parity ok, grads_ok, every gradient judged), so it runs with -m slow.
-COVERED_ELSEWHERE = {"dlrm"}
+# (its ``optimus`` row: parity ok, grads_ok, every gradient judged), and splitcat's training
+# step under optimus.compile's default passes against eager, outputs and gradients at two
+# batch sizes, is tests/models/test_zoo_dynamic.py's default splitcat case: both run with -m slow.
+COVERED_ELSEWHERE = {"dlrm", "splitcat"}
 
 
 @needs_optimus
