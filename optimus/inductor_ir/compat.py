@@ -475,6 +475,24 @@ def schedule_peak_estimator(scheduler: Any, nodes: list[Any]) -> tuple[int, Call
         return None
 
 
+def reorder_for_peak_memory(scheduler: Any, nodes: list[Any]) -> list[Any]:
+    """``nodes`` in the order Inductor's ``reorder_for_peak_memory`` (which runs after the
+    post-fusion hook when ``config.reorder_for_peak_memory`` is on) would give them; as they
+    are where that is off, missing, or fails."""
+    try:
+        from torch._inductor import config as iconf
+        from torch._inductor import memory as imem
+        from torch._inductor.virtualized import V
+
+        if not getattr(iconf, "reorder_for_peak_memory", False):
+            return list(nodes)
+        outputs = ordered_set(list(V.graph.get_output_names()))
+        inputs = ordered_set(list(V.graph.graph_inputs.keys()))
+        return list(imem.reorder_for_peak_memory(list(nodes), scheduler.name_to_buf, scheduler.name_to_fused_node, inputs, outputs))
+    except Exception:
+        return list(nodes)
+
+
 def ordered_set(items: list[Any]) -> Any:
     try:
         from torch.utils._ordered_set import OrderedSet
