@@ -218,8 +218,10 @@ class ScheduleMemory:
         if self._pending is not None and {id(n) for n in self._pending[0]} == {id(n) for n in members}:
             order = self._pending[1]
         gone = {id(n) for n in members}
-        first = next(n for n in order if id(n) in gone)
-        self.order = [new if n is first else n for n in order if n is first or id(n) not in gone]
+        first = next((n for n in order if id(n) in gone), None)
+        # (a merge of nodes the order does not hold cannot happen; if it did, the next
+        # judgement starts again from Inductor's reorder of the live list)
+        self.order = None if first is None else [new if n is first else n for n in order if n is first or id(n) not in gone]
         self._estimate, self._pending = None, None
 
     def why_not(self, members: list[Any], increase: float) -> str | None:
@@ -228,6 +230,8 @@ class ScheduleMemory:
             return "no peak-memory estimate for this graph (Inductor's torch._inductor.memory failed on it)"
         assert self.order is not None and self.base is not None
         position = {id(n): i for i, n in enumerate(self.order)}
+        if any(id(n) not in position for n in members):
+            return "no peak-memory estimate for this merge (a member is not in the tracked order)"
         ranked = sorted(members, key=lambda n: position[id(n)])
         rest = {id(n) for n in ranked[1:]}
         moved = [n for n in self.order if id(n) not in rest]

@@ -19,7 +19,12 @@ compile. The planner decides three things, each reported:
    once); a group that would raise the graph's peak (as the planner first saw it) by more
    than ``memory_increase`` (2%, or ``MEMORY_SLACK`` on tiny graphs) is cut into balanced
    chunks that fit, or declined when not even ``min_group`` members fit, or when its
-   members read consecutive parts of one tensor (``CUT_PARTS_WHY``).
+   members read consecutive parts of one tensor (``CUT_PARTS_WHY``). What a group copies
+   is the rule's to say (``GroupRule.copies``).
+4. **How far the kernel-merging Inductor-IR rules may raise memory** (``rule_options``):
+   ``fuse_independent_kernels`` and ``combo_small_kernels`` get ``memory_increase``, and
+   their driver declines merges above it by Inductor's own estimate of the schedule's peak
+   (``inductor_ir.passes.ScheduleMemory``).
 
 With ``tune=True`` (or ``mode="max-autotune"``) the compile also measures alternatives;
 that lives in ``optimus.compile`` (``Session._tuned``), built on ``tune`` and
