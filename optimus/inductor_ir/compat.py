@@ -454,6 +454,13 @@ def save_state(scheduler: Any) -> dict[str, Any]:
     }
 
 
+def _graph_io() -> tuple[Any, Any]:
+    """(graph inputs, graph outputs) of the graph Inductor is lowering, as name sets."""
+    from torch._inductor.virtualized import V
+
+    return ordered_set(list(V.graph.graph_inputs.keys())), ordered_set(list(V.graph.get_output_names()))
+
+
 def schedule_peak_estimator(scheduler: Any, nodes: list[Any]) -> tuple[int, Callable[[list[Any]], int]] | None:
     """Inductor's own estimate of a node order's peak memory (``torch._inductor.memory``,
     what its ``reorder_for_peak_memory`` uses): ``(peak of nodes in this order, estimate)``
@@ -461,10 +468,8 @@ def schedule_peak_estimator(scheduler: Any, nodes: list[Any]) -> tuple[int, Call
     torch lacks it or it fails on these nodes."""
     try:
         from torch._inductor import memory as imem
-        from torch._inductor.virtualized import V
 
-        outputs = ordered_set(list(V.graph.get_output_names()))
-        inputs = ordered_set(list(V.graph.graph_inputs.keys()))
+        inputs, outputs = _graph_io()
         peak, freeable = imem.prepare_planning_info(list(nodes), scheduler.name_to_buf, scheduler.name_to_fused_node, inputs, outputs)
 
         def estimate(order: list[Any]) -> int:
@@ -482,12 +487,10 @@ def reorder_for_peak_memory(scheduler: Any, nodes: list[Any]) -> list[Any]:
     try:
         from torch._inductor import config as iconf
         from torch._inductor import memory as imem
-        from torch._inductor.virtualized import V
 
         if not getattr(iconf, "reorder_for_peak_memory", False):
             return list(nodes)
-        outputs = ordered_set(list(V.graph.get_output_names()))
-        inputs = ordered_set(list(V.graph.graph_inputs.keys()))
+        inputs, outputs = _graph_io()
         return list(imem.reorder_for_peak_memory(list(nodes), scheduler.name_to_buf, scheduler.name_to_fused_node, inputs, outputs))
     except Exception:
         return list(nodes)
