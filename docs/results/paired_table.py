@@ -1,11 +1,13 @@
 """The table of gpu-paired.py's JSON files: per model and mode, Inductor's step and, for each
 Optimus configuration, the median per-round speedup [min-max over rounds], peak memory
-against Inductor's, kernels, and whether the first step passed the accuracy check.
+against Inductor's (n/a under CUDA graphs), kernels, and whether the first step passed the accuracy check.
 `python docs/results/paired_table.py OUT.json IN.json...` (OUT: the files merged)."""
 from __future__ import annotations
 
 import json
 import sys
+
+BASELINES = ("inductor", "inductor-cudagraphs")
 
 
 def main(out: str, paths: list[str]) -> None:
@@ -17,11 +19,14 @@ def main(out: str, paths: list[str]) -> None:
         meta = {k: d[k] for k in ("torch", "device", "rounds", "iters")}
     json.dump({**meta, "rows": rows}, open(out, "w"), indent=1)
     keys = sorted({tuple(k.split("/")[:2]) for k in rows})
-    cfgs = sorted({k.split("/")[2] for k in rows} - {"inductor"})
-    print(f"{'model':14s}{'mode':6s}{'inductor ms':>12s}" + "".join(f"  {c:>34s}" for c in cfgs))
+    present = {k.split("/")[2] for k in rows}
+    bases = [b for b in BASELINES if b in present]  # Inductor without and with CUDA graphs
+    cfgs = sorted(present - set(bases))
+    print(f"{'model':14s}{'mode':6s}" + "".join(f"{b + ' ms':>24s}" for b in bases) + "".join(f"  {c:>34s}" for c in cfgs))
     for model, mode in keys:
-        ind = rows.get(f"{model}/{mode}/inductor", {})
-        line = f"{model:14s}{mode:6s}{ind.get('step_ms', float('nan')):12.3f}"
+        line = f"{model:14s}{mode:6s}"
+        for b in bases:
+            line += f"{rows.get(f'{model}/{mode}/{b}', {}).get('step_ms', float('nan')):24.3f}"
         for c in cfgs:
             r = rows.get(f"{model}/{mode}/{c}", {})
             if "error" in r or "speedup_vs_inductor" not in r:
