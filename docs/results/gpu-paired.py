@@ -19,14 +19,16 @@ import argparse
 import contextlib
 import fcntl
 import json
+import os
 import statistics
 import time
 
 import torch
+from torch._inductor.utils import run_and_get_code
 
 from optimus import measure
 from optimus.bench import accuracy
-from optimus.bench.configs import CONFIGS
+from optimus.bench.configs import CONFIGS, BenchConfig, _optimus
 from optimus.bench.external import get_bench_model
 from optimus.bench.harness import LR, Runner, _count_kernels, _optimus_summary, _peak_memory
 
@@ -55,11 +57,17 @@ def main() -> None:
     p.add_argument("--device", default="cuda")  # cpu: a dry run (--size small)
     p.add_argument("--lock")
     p.add_argument("--json", required=True)
+    p.add_argument("--passes", action="append", default=[],
+                   help="NAME=JSON: one more configuration, optimus.compile(passes=JSON) (a diagnosis)")
+    p.add_argument("--code", help="directory: each configuration's generated code of the first step")
     a = p.parse_args()
+    for spec in a.passes:
+        cname, js = spec.split("=", 1)
+        CONFIGS[cname] = BenchConfig(cname, f"optimus.compile(passes={js})", True, _optimus(json.loads(js)), contextlib.nullcontext)
     torch._dynamo.config.cache_size_limit = 64
     torch._dynamo.config.accumulated_cache_size_limit = 512
     dev = torch.device(a.device)
-    configs = a.configs.split(",")
+    configs = a.configs.split(",") + [spec.split("=", 1)[0] for spec in a.passes]
     out = {"model": a.model, "torch": torch.__version__, "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "rounds": a.rounds, "iters": a.iters, "rows": {}}
     for mode in a.modes.split(","):
         runners, rows = {}, {}
@@ -73,7 +81,13 @@ def main() -> None:
                     r = Runner(zoo, c.wrap(zoo.model), mode, LR, cudagraphs=c.cudagraphs)
                     t0 = time.perf_counter()
                     with c.context():
-                        first = r.forward_backward()
+                        if a.code:  # the generated modules' source, one file per configuration
+                            first, code = run_and_get_code(r.forward_backward)
+                            os.makedirs(a.code, exist_ok=True)
+                            with open(os.path.join(a.code, f"{a.model}-{mode}-{cfg}.py"), "w") as f:
+                                f.write("\n\n# ---- next module ----\n\n".join(code))
+                        else:
+                            first = r.forward_backward()
                     measure.synchronize(dev)
                     row["first_step_s"] = round(time.perf_counter() - t0, 2)
                     row["parity"] = accuracy.judge(ref, first, r.grads() if mode == "train" else None, accuracy.accuracy_tolerance(a.device, mode))
