@@ -95,6 +95,8 @@ def main() -> None:
                         r.opt.step()
                     del first
                     row.update(_optimus_summary(r.fn))
+                    if getattr(r.fn, "optimus_report", None) is not None:  # every decision, with its reason
+                        row["optimus_report"] = str(r.fn.optimus_report)
                     runners[cfg] = r
                 except Exception as e:  # one configuration failing keeps the others
                     row["error"] = f"{type(e).__name__}: {e}"[:500]
