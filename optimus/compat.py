@@ -211,3 +211,60 @@ def tf32(enabled: bool, cudnn: bool = False) -> Iterator[None]:
                 b.fp32_precision = value
             else:  # pragma: no cover - torch < 2.9
                 b.allow_tf32 = value
+
+
+# --- Backward graphs: the strides Inductor hands gradients back in --------------------
+# ``compile_fx`` records each output's strides before the post-grad passes run
+# (``record_original_output_strides``, 2.11 to 2.15) and, backward outputs being user visible
+# (``bw_outputs_user_visible``), copies an output computed in other strides back to them.
+ORIGINAL_OUTPUT_STRIDES = "original_output_strides"
+
+
+def _concrete(values: Any) -> bool:
+    return all(type(v) is int for v in values)
+
+
+def adopt_gradient_layouts(graph: torch.fx.Graph) -> list[str]:
+    """Let a backward graph return each gradient in the strides the rewritten graph computes
+    it in, where those are row-major and the strides recorded before the post-grad passes
+    were not; returns the outputs changed.
+
+    Why: Optimus's Torch-IR batching makes AOTAutograd trace a weight gradient as a slice of
+    a transposed batched product (strides (1, N) for an (N, K) weight); the Aten-IR rule
+    ``transpose_bmm_for_gradient_layout`` computes it row-major instead, and without this
+    Inductor would copy each gradient back to the traced strides, after which AccumulateGrad
+    copies it again into the parameter's row-major layout. A gradient's strides are not part
+    of its meaning (autograd accepts any; AccumulateGrad copies what does not match its
+    parameter), so only row-major results replace non-row-major records, and only where
+    every size and stride is a plain int (a symbolic one is left as recorded: comparing it
+    would add a guard).
+    """
+    out = graph.find_nodes(op="output")
+    if not out:
+        return []
+    node = out[0]
+    recorded = node.meta.get(ORIGINAL_OUTPUT_STRIDES)
+    args = node.args[0] if isinstance(node.args[0], (tuple, list)) else node.args
+    if not isinstance(recorded, list) or len(recorded) != len(args):
+        return []
+    changed = []
+    for i, (arg, strides) in enumerate(zip(args, recorded)):
+        val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+        if not isinstance(val, torch.Tensor) or strides is None or len(strides) != val.dim():
+            continue
+        sizes, new = tuple(val.shape), tuple(val.stride())
+        if not (_concrete(sizes) and _concrete(new) and _concrete(strides)) or new == tuple(strides):
+            continue
+        if val.is_contiguous() and not _row_major(sizes, tuple(strides)):
+            recorded[i] = new
+            changed.append(arg.name)
+    return changed
+
+
+def _row_major(sizes: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    expected = 1
+    for size, stride in reversed(list(zip(sizes, strides))):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True

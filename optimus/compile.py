@@ -32,6 +32,7 @@ import torch
 import torch.fx as fx
 
 from . import compat, distributed, safety_net
+from .aten_ir.view import graph_kind
 from .core.runner import optimize_graph
 from .core.snapshot import restore, snapshot
 from .core.passkey import UuidKeyed
@@ -162,6 +163,11 @@ class Session:
             note = distributed.collective_note(gm) if gr is not None else None
             if note:
                 gr.notes.append(note)  # type: ignore[union-attr]
+            if gr is not None and level == "aten_ir" and graph_kind(graph) == "backward":
+                adopted = compat.adopt_gradient_layouts(graph)
+                if adopted:
+                    gr.notes.append(f"{len(adopted)} gradient(s) returned row-major as computed, not copied back to the traced strides "
+                                    f"(AccumulateGrad takes them as they are): {', '.join(adopted[:4])}{' ...' if len(adopted) > 4 else ''}")
         except Exception as e:  # never break the compile
             if safety_net.passthrough(e):
                 raise

@@ -98,3 +98,68 @@ def test_forward_graphs_are_left_alone():
 
     run = check_level(f, [torch.randn(2, 3, 4), torch.randn(2, 4, 5)], "aten_ir", grad=False)
     assert run.matched("transpose_bmm_for_gradient_layout") == 0
+
+
+def test_inductor_hands_the_row_major_gradients_back_as_computed():
+    """Through Inductor (optimus.compile): Inductor records the backward's output strides
+    before the post-grad passes and would copy each row-major weight gradient back to the
+    traced (1, N) strides; Optimus updates that record, so the gradients reach
+    AccumulateGrad in the parameters' strides as slices of one batched buffer."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    torch.manual_seed(2)
+    model = Towers(6, 8, 10)
+    ref = copy.deepcopy(model)
+    torch._dynamo.reset()
+    compiled = optimus.compile(model, passes="all")
+    incoming = {}
+    for name, p in model.named_parameters():
+        p.register_hook(lambda grad, name=name: incoming.update({name: (grad.stride(), StorageWeakRef(grad.untyped_storage()))}))
+    x = torch.randn(5, 48)
+    compiled(x).square().sum().backward()
+    ref(x).square().sum().backward()
+    report = compiled.optimus_report
+    assert any("gradient(s) returned row-major as computed" in n for g in report.graphs for n in g.notes), [g.notes for g in report.graphs]
+    weights = [n for n, _ in model.named_parameters() if n.startswith("lin.") and n.endswith(".weight")]
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+    assert all(incoming[n][0] == (8, 1) for n in weights), {n: incoming[n][0] for n in weights}
+    assert len({incoming[n][1] for n in weights}) == 1  # one batched buffer, no per-weight copy
+
+
+def _output_graph(val, recorded):
+    g = torch.fx.Graph()
+    x = g.placeholder("tangents_1")
+    x.meta["val"] = val
+    out = g.output((x,))
+    out.meta["original_output_strides"] = [recorded]
+    return g, out
+
+
+@pytest.mark.parametrize("val,recorded,adopted", [
+    (torch.empty(8, 4), (1, 8), True),  # row-major computed, transposed recorded: adopted
+    (torch.empty(4, 8).t(), (4, 1), False),  # computed transposed: the record stands
+    (torch.empty(8, 4), (4, 1), False),  # already the same
+    (torch.empty(8, 1), (1, 1), False),  # a size-1 dimension: the record is row-major already
+])
+def test_adopt_gradient_layouts_only_replaces_non_row_major_records(val, recorded, adopted):
+    from optimus import compat
+
+    g, out = _output_graph(val, recorded)
+    assert compat.adopt_gradient_layouts(g) == (["tangents_1"] if adopted else [])
+    assert out.meta["original_output_strides"][0] == (val.stride() if adopted else recorded)
+
+
+def test_adopt_gradient_layouts_leaves_symbolic_strides_and_graphs_without_a_record():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    from optimus import compat
+
+    env = ShapeEnv()
+    with FakeTensorMode(shape_env=env):
+        sym = torch.empty(env.create_unbacked_symint(), 4)  # rows of a symbolic count
+    g, out = _output_graph(sym, (1, 8))
+    assert compat.adopt_gradient_layouts(g) == [] and out.meta["original_output_strides"][0] == (1, 8)
+    g, out = _output_graph(torch.empty(8, 4), (1, 8))
+    del out.meta["original_output_strides"]
+    assert compat.adopt_gradient_layouts(g) == []
