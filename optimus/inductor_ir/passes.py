@@ -195,6 +195,7 @@ class ScheduleMemory:
         self.order: list[Any] | None = None  # the current order, once the first merge was judged
         self._estimate: Any = None
         self._pending: tuple[list[Any], list[Any]] | None = None  # (members, simulated order) last judged
+        self.last: str | None = None  # the last accepted judgement, for the report's note
 
     def _prepare(self) -> bool:
         if self._estimate is not None:
@@ -244,7 +245,13 @@ class ScheduleMemory:
             return (f"memory: the merged kernel would raise the schedule's estimated peak to {peak / 2**20:.2f} MiB "
                     f"(from {self.base / 2**20:.2f} MiB; allowed: {increase:.0%} more)")
         self._pending = (list(members), list(candidate))
+        self.last = f"estimated peak {peak / 2**20:.2f} MiB of {allowed / 2**20:.2f} MiB allowed"
         return None
+
+    def take_note(self) -> str:
+        """`` (estimated peak ...)`` of the merge just judged, once; empty without a bound."""
+        note, self.last = self.last, None
+        return f"; {note}" if note else ""
 
 
 # ------------------------------------------------------------------------ the driver
@@ -491,7 +498,7 @@ class Driver:
                 if len(group) > 1:
                     if not combo:
                         fused_names.update(n.get_name() for n in group)
-                        self._note(rule, f"{' + '.join(n.get_name() for n in group)} -> one kernel ({self._describe(target)})")
+                        self._note(rule, f"{' + '.join(n.get_name() for n in group)} -> one kernel ({self._describe(target)}{self.memory.take_note()})")
                     else:
                         fused_names.update(n.get_name() for n in self._make_combo(rule, group, stats, reasons, options))
                 pending = rest
@@ -575,7 +582,7 @@ class Driver:
         stats.matched += 1
         stats.removed += len(group)
         stats.added += 1
-        self._note(rule, f"{' + '.join(n.get_name() for n in group)} -> one combo launch ({', '.join(self._describe(n) for n in group)})")
+        self._note(rule, f"{' + '.join(n.get_name() for n in group)} -> one combo launch ({', '.join(self._describe(n) for n in group)}{self.memory.take_note()})")
         return group
 
     # ------------------------------------------------------------ producer/consumer

@@ -351,6 +351,8 @@ def test_merges_are_priced_by_inductors_peak_memory_estimate(monkeypatch):
     kept = scenario("pair", {"inductor_ir": {"fuse_independent_kernels": {"memory_increase": 0.02}}})
     assert kept.matched("fuse_independent_kernels") == 1
     assert seen and all(base is not None and base >= 0 and why is None for base, why in seen), seen
+    notes = [n for g in kept.graphs() for n in g.notes if "-> one kernel" in n]  # the estimate behind the merge
+    assert notes and all("; estimated peak " in n and " MiB allowed)" in n for n in notes), notes
     # a budget a byte below the schedule's own peak: every merge declines, with the estimate in its reason
     monkeypatch.setattr(passes, "MEMORY_SLACK", -1)
     refused = scenario("pair", {"inductor_ir": {"fuse_independent_kernels": {"memory_increase": 0.0}}})
