@@ -4,10 +4,11 @@
 # model at a time with nothing else running, configurations alternated round by round.
 # fp32, TF32 off. Writes $OUT/$TAG-<mode>.json (merged) and $TAG-<mode>-pieces.tgz (per model JSON
 # and logs). CONFIGS, MODELS, ROUNDS, LIMIT (seconds per model process) override the defaults;
-# ARGS_<model> adds arguments to that model's process (e.g. --passes NAME=JSON --code DIR).
+# ARGS_<model> adds arguments to that model's process (e.g. --passes NAME=JSON --code DIR);
+# launchers given one RUN_DIR share its lock (an inference and a training launcher side by side).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TORCHINDUCTOR_COMPILE_THREADS=1
-C=$(mktemp -d) && cp docs/results/h200-profile/*.json $C/ && export OPTIMUS_CACHE_DIR=$C
+C=${RUN_DIR:-$(mktemp -d)} && cp docs/results/h200-profile/*.json $C/ && export OPTIMUS_CACHE_DIR=$C
 MODE=${MODE:-infer} CONFIGS=${CONFIGS:-inductor,optimus,optimus-auto} TAG=${TAG:-run14}
 MODELS=${MODELS:-"splitcat interformer dhen hetero_towers towers32 wukong dcnv2 dlrm hstu"}
 for m in $MODELS; do
@@ -18,4 +19,4 @@ done
 wait
 python docs/results/paired_table.py $OUT/$TAG-$MODE.json $OUT/paired-*-$MODE.json
 # few files come back: the per-model JSON and logs in one archive
-(cd $OUT && tar czf $TAG-$MODE-pieces.tgz paired-* && rm paired-*)
+(cd $OUT && tar czf $TAG-$MODE-pieces.tgz paired-*-$MODE.* && rm paired-*-$MODE.*)
