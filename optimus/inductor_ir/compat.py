@@ -461,23 +461,33 @@ def _graph_io() -> tuple[Any, Any]:
     return ordered_set(list(V.graph.graph_inputs.keys())), ordered_set(list(V.graph.get_output_names()))
 
 
-def schedule_peak_estimator(scheduler: Any, nodes: list[Any]) -> tuple[int, Callable[[list[Any]], int]] | None:
+def schedule_peak_estimator(scheduler: Any, nodes: list[Any]) -> tuple[int, Callable[[list[Any]], tuple[int, list[int]]]] | None:
     """Inductor's own estimate of a node order's peak memory (``torch._inductor.memory``,
     what its ``reorder_for_peak_memory`` uses): ``(peak of nodes in this order, estimate)``
-    where ``estimate(order)`` prices another order of the same nodes. ``None`` where this
-    torch lacks it or it fails on these nodes."""
+    where ``estimate(order)`` prices another order of the same nodes as ``(peak, bytes live
+    at each step)``. ``None`` where this torch lacks it or it fails on these nodes."""
     try:
         from torch._inductor import memory as imem
 
         inputs, outputs = _graph_io()
         peak, freeable = imem.prepare_planning_info(list(nodes), scheduler.name_to_buf, scheduler.name_to_fused_node, inputs, outputs)
 
-        def estimate(order: list[Any]) -> int:
-            return int(imem.estimate_peak_memory(list(order), freeable, outputs)[0])
+        def estimate(order: list[Any]) -> tuple[int, list[int]]:
+            top, curve = imem.estimate_peak_memory(list(order), freeable, outputs)
+            return int(top), [int(x) for x in curve]
 
         return int(peak), estimate
     except Exception:
         return None
+
+
+def planned_alloc_bytes(node: Any) -> int:
+    """Bytes ``node``'s outputs allocate, as the last ``schedule_peak_estimator`` call on an
+    order holding it priced them (``mpi_node.size``, set by ``prepare_planning_info``); 0
+    where that is missing."""
+    info = getattr(node, "mpi_node", None)
+    size = getattr(info, "size", 0)
+    return int(size) if isinstance(size, int) else 0
 
 
 def reorder_for_peak_memory(scheduler: Any, nodes: list[Any]) -> list[Any]:

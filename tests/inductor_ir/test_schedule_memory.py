@@ -1,0 +1,70 @@
+"""The Inductor-IR merges' memory bound (``passes.ScheduleMemory``, set by ``passes="auto"``):
+the simulated order of a merge, its rise, and the towers case the H200 measured (run 16:
+merges that doubled towers32's peak while Inductor's estimate of the peak did not move)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from optimus.inductor_ir import compat, passes
+from optimus.inductor_ir.passes import local_rise, merged_order
+
+from inductor_ir_support import FakeGpuUnsupported, fake_gpu_on_cpu, run_compiled
+
+needs_hooks = pytest.mark.skipif(not compat.hooks_supported()[0], reason="torch without scheduler hooks")
+
+
+def test_merged_order_moves_what_the_later_members_need_ahead_of_the_first():
+    a, b, c, d, e, f = "abcdef"
+    deps = {("c", "d"), ("e", "f")}  # c must run before d; e before f (f is not a member)
+    order, (new, ahead) = [a, b, c, d, e, f], merged_order([a, b, c, d, e, f], [b, d], lambda x, y: (x, y) in deps)
+    assert new == [a, c, b, d, e, f] and ahead == [c]
+    assert merged_order(order, [a, b], lambda x, y: False) == (order, [])  # adjacent, nothing needed: unchanged
+
+
+def test_local_rise_is_the_peak_change_over_the_reordered_stretch():
+    a, b, c, d = "abcd"
+    # the global peak (100, at the end) does not move; where b and c swap, 10 -> 30
+    assert local_rise([a, b, c, d], [5, 10, 10, 5, 100], [a, c, b, d], [5, 30, 10, 5, 100]) == 20
+    assert local_rise([a, b, c, d], [5, 10, 10, 5, 100], [a, c, b, d], [5, 8, 8, 5, 100]) == 0  # lower: no rise
+    assert local_rise([a, b], [1, 2, 3], [a, b], [1, 9, 3]) == 0  # same order: nothing reordered
+
+
+@pytest.fixture
+def fake_gpu():
+    try:
+        with fake_gpu_on_cpu():
+            yield
+    except FakeGpuUnsupported as e:
+        pytest.skip(str(e))
+
+
+def towers(x, *ws):
+    """towers32 in small: a matmul per tower (an extern kernel), then a normalisation (a
+    reduction kernel) writing its slice of one concatenated output."""
+    outs = []
+    for xi, w in zip(x.split(16, 1), ws):
+        h = xi @ w
+        outs.append(torch.relu(h - h.mean(-1, keepdim=True)))
+    return torch.cat(outs, 1)
+
+
+def towers_inputs():
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(1024, 8 * 16, generator=g)] + [torch.randn(16, 16, generator=g) for _ in range(8)]
+
+
+@needs_hooks
+def test_combining_towers_that_wait_for_their_matmuls_counts_the_matmuls_outputs(fake_gpu, monkeypatch):
+    """Unbounded, the towers' normalisations become combo launches; bounded, each combo
+    would run every member's matmul first and hold their outputs, which the estimate's
+    peak does not show (the towers' output grows slice by slice in it): declined, with
+    the bytes in the reason."""
+    free = run_compiled(towers, towers_inputs(), {"inductor_ir": ["combo_small_kernels"]}, grad=False)
+    assert free.matched("combo_small_kernels") >= 1
+    monkeypatch.setattr(passes, "MEMORY_SLACK", 0)
+    bounded = run_compiled(towers, towers_inputs(), {"inductor_ir": {"combo_small_kernels": {"memory_increase": 0.0}}}, grad=False)
+    assert bounded.matched("combo_small_kernels") == 0
+    reasons = list(bounded.declines("combo_small_kernels"))
+    assert any(r.startswith("memory: the merged kernel would hold 0.06 MiB more at once") for r in reasons), reasons  # a 1024x16 fp32 matmul output
