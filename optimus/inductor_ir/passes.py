@@ -211,7 +211,7 @@ class ScheduleMemory:
         self.live = live
         self.reaches = reaches  # reaches(a, b): a must run before b
         self.base: int | None = None
-        self.spent = 0  # the local rises of the merges accepted so far
+        self.spent = 0  # the rises of the merges accepted so far
         self.order: list[Any] | None = None  # the current order, once the first merge was judged
         self.curve: list[int] | None = None  # the bytes live at each step of the current order
         self._estimate: Any = None
@@ -286,9 +286,10 @@ def merged_order(order: list[Any], members: list[Any], reaches: Callable[[Any, A
     """``(order as it runs once members are one kernel at the first member's place, the
     nodes moved ahead of it)``: the nodes after that place which the other members depend
     on move ahead of it (in their own order; what they depend on is among them,
-    dependencies being transitive), the members follow together, then the rest. (H200 run 16: re-sorting the moved list with
-    Inductor's ``topological_sort_schedule`` put each member's producer right before it
-    again, so the simulated order was the original one and no merge ever cost memory.)"""
+    dependencies being transitive), the members follow together, then the rest. (H200 run
+    16: re-sorting the moved list with Inductor's ``topological_sort_schedule`` put each
+    member's producer right before it again, so the simulated order was the original one
+    and no merge ever cost memory.)"""
     position = {id(n): i for i, n in enumerate(order)}
     ranked = sorted(members, key=lambda n: position[id(n)])
     start, others = position[id(ranked[0])], ranked[1:]

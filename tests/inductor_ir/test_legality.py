@@ -18,7 +18,7 @@ import torch
 from optimus.inductor_ir import compat, legality, passes
 from optimus.inductor_ir.legality import CodegenFacts, combo_member_problem, combo_problems, new_problems, plan_problems
 
-from inductor_ir_support import FakeGpuUnsupported, fake_gpu_on_cpu, run_compiled
+from inductor_ir_support import run_compiled
 
 needs_hooks = pytest.mark.skipif(not compat.hooks_supported()[0], reason="torch without scheduler hooks")
 
@@ -265,16 +265,6 @@ def test_removed_buffers_and_only_new_problems_refuse_a_plan():
 
 
 # ---------------------------------------------------------- end to end through Inductor
-@pytest.fixture
-def fake_gpu():
-    """Inductor's Triton backend on the CPU, scheduling as for an H200 (``fake_gpu_on_cpu``)."""
-    try:
-        with fake_gpu_on_cpu():
-            yield
-    except FakeGpuUnsupported as e:
-        pytest.skip(str(e))
-
-
 def _row_and_column_sums(x, y, z):
     """Row and column sums of one 8192x768 tensor (one split mix-order reduction, as in
     LayerNorm's backward) and a small independent reduction, which the combo rule would

@@ -10,7 +10,7 @@ import torch
 from optimus.inductor_ir import compat, passes
 from optimus.inductor_ir.passes import local_rise, merged_order
 
-from inductor_ir_support import FakeGpuUnsupported, fake_gpu_on_cpu, run_compiled
+from inductor_ir_support import run_compiled
 
 needs_hooks = pytest.mark.skipif(not compat.hooks_supported()[0], reason="torch without scheduler hooks")
 
@@ -29,15 +29,6 @@ def test_local_rise_is_the_peak_change_over_the_reordered_stretch():
     assert local_rise([a, b, c, d], [5, 10, 10, 5, 100], [a, c, b, d], [5, 30, 10, 5, 100]) == 20
     assert local_rise([a, b, c, d], [5, 10, 10, 5, 100], [a, c, b, d], [5, 8, 8, 5, 100]) == 0  # lower: no rise
     assert local_rise([a, b], [1, 2, 3], [a, b], [1, 9, 3]) == 0  # same order: nothing reordered
-
-
-@pytest.fixture
-def fake_gpu():
-    try:
-        with fake_gpu_on_cpu():
-            yield
-    except FakeGpuUnsupported as e:
-        pytest.skip(str(e))
 
 
 def towers(x, *ws):

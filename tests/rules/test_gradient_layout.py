@@ -111,7 +111,8 @@ def test_inductor_hands_the_row_major_gradients_back_as_computed():
     model = Towers(6, 8, 10)
     ref = copy.deepcopy(model)
     torch._dynamo.reset()
-    compiled = optimus.compile(model, passes="all")
+    # the two rules involved (every rule would cost the test 20 s of compiling, not more checking)
+    compiled = optimus.compile(model, passes={"torch_ir": ["batch_linear"], "aten_ir": ["transpose_bmm_for_gradient_layout"], "inductor_ir": "none"})
     incoming = {}
     for name, p in model.named_parameters():
         p.register_hook(lambda grad, name=name: incoming.update({name: (grad.stride(), StorageWeakRef(grad.untyped_storage()))}))
@@ -119,7 +120,7 @@ def test_inductor_hands_the_row_major_gradients_back_as_computed():
     compiled(x).square().sum().backward()
     ref(x).square().sum().backward()
     report = compiled.optimus_report
-    assert any("gradient(s) returned row-major as computed" in n for g in report.graphs for n in g.notes), [g.notes for g in report.graphs]
+    assert any("gradient(s) returned row-major as computed" in n for g in report.graphs for n in g.notes), str(report)
     weights = [n for n, _ in model.named_parameters() if n.startswith("lin.") and n.endswith(".weight")]
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
