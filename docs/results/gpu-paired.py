@@ -24,7 +24,6 @@ import statistics
 import time
 
 import torch
-from torch._inductor.utils import run_and_get_code
 
 from optimus import measure
 from optimus.bench import accuracy
@@ -82,6 +81,8 @@ def main() -> None:
                     t0 = time.perf_counter()
                     with c.context():
                         if a.code:  # the generated modules' source, one file per configuration
+                            from torch._inductor.utils import run_and_get_code  # private: only for --code
+
                             first, code = run_and_get_code(r.forward_backward)
                             os.makedirs(a.code, exist_ok=True)
                             with open(os.path.join(a.code, f"{a.model}-{mode}-{cfg}.py"), "w") as f:
