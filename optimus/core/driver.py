@@ -35,7 +35,7 @@ from .group import Group, GroupPlanner, GroupRule, classify_all, find_groups
 from .report import GraphReport, RuleStats
 from .rule import Builder, Decline, PatternRule, Rule
 from .safety import AliasAnalysis
-from .symbolic import GuardRefused
+from .symbolic import GuardRefused, size_hint
 from .transaction import Checked, Surgery
 from .view import GraphView
 
@@ -147,6 +147,7 @@ class Driver:
             if reason is not None:
                 raise Decline(reason)
             if self.planner is not None:
+                group = self._smallest_first(rule, group)
                 sized = self.planner.chunk(self.view, group.nodes, group.options["min_group"], rule.copied_operands(group))
                 if sized is not None:
                     return self._try_chunks(rule, group, stats, *sized)
@@ -176,12 +177,21 @@ class Driver:
             stats.time_s += time.perf_counter() - t0
 
     def _try_chunks(self, rule: GroupRule, group: Group, stats: RuleStats, size: int, why: str) -> bool:
-        """The planner cut ``group`` for memory: try its chunks of ``size`` (in graph order)."""
+        """The planner cut ``group`` for memory: try its chunks of ``size``, in the order of its members."""
         members = group.members
         if size < max(2, group.options["min_group"]):
             for n in group.nodes:
                 stats.decline(n.name, f"{why}; no smaller group fits")
             return False
+        if len({self._result_bytes(c.node) for c in members}) > 1:
+            # results of different sizes (smallest first): the first chunk that fits, then
+            # the rest as a group of its own (cut again if it must be)
+            self.report.notes.append(f"{rule.name}: group of {len(members)} at {members[-1].node.name} cut after its {size} smallest ({why})")
+            first = self._try_group(rule, Group(rule, members[:size], group.key, self.view, group.options), stats)
+            rest = members[size:]
+            if len(rest) < max(2, group.options["min_group"]):
+                return first
+            return self._try_group(rule, Group(rule, rest, group.key, self.view, group.options), stats) or first
         size = -(-len(members) // -(-len(members) // size))  # balanced: 8 at most 5 -> 4 + 4
         self.report.notes.append(f"{rule.name}: group of {len(members)} at {members[-1].node.name} cut into groups of {size} ({why})")
         fused = False
@@ -191,6 +201,25 @@ class Driver:
                 continue
             fused |= self._try_group(rule, Group(rule, part, group.key, self.view, group.options), stats)
         return fused
+
+    def _smallest_first(self, rule: GroupRule, group: Group) -> Group:
+        """``group`` with its members ordered by the bytes of their results, smallest first
+        (stable: equal shapes keep graph order), when they all read one input. Members are
+        independent, so any chunk of them is legal; the planner's chunks are prefixes, so the
+        members that raise memory least are cut together (a shared input's narrow gates, not
+        its wide projections). Members reading different inputs keep graph order: their
+        inputs may be consecutive parts of one tensor, which a reordered stack would copy."""
+        firsts = [c.node.all_input_nodes[0] if c.node.all_input_nodes else None for c in group.members]
+        if firsts[0] is None or any(f is not firsts[0] for f in firsts):
+            return group
+        ordered = sorted(group.members, key=lambda c: self._result_bytes(c.node))
+        if all(a is b for a, b in zip(ordered, group.members)):
+            return group
+        return Group(rule, ordered, group.key, self.view, group.options)
+
+    def _result_bytes(self, node: fx.Node) -> int:
+        v = self.view.tensor_val(node)
+        return size_hint(v.numel()) * v.element_size() if v is not None else 0
 
     def _fixpoint(self) -> None:
         while self._queue:

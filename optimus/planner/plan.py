@@ -236,19 +236,16 @@ class Planner:
         cut = not self._reads_parts_of_one_tensor(view, members)
         k = 0
         if cut:
-            # the rise grows about linearly with the members: start from the proportional
-            # size and shrink by a third until a chunk fits (a few simulations, not a search)
-            now = self._liveness(view).peak
-            lo = max(2, min_group)
-            size = int(len(members) * max(0.0, budget.allowed - now) / max(1.0, whole - now))
-            size = min(max(size, lo), len(members) - 1)
-            for _ in range(4):
-                if size < lo:
-                    break
+            # the longest prefix that fits (the rise grows with the prefix): a binary search,
+            # a handful of simulations; members that all read one input come smallest
+            # result first (the driver orders them), so their narrow ones fit together
+            lo, hi = max(2, min_group), len(members) - 1
+            while lo <= hi:
+                size = (lo + hi) // 2
                 if budget.fits(self._peak_with(view, members[:size], copies)):
-                    k = size
-                    break
-                size = min(size - 1, size * 2 // 3)
+                    k, lo = size, size + 1
+                else:
+                    hi = size - 1
         rise = budget.increase(whole) / 2**20
         why = (
             f"memory: all {len(members)} at once would raise the graph's estimated peak by {rise:.2f} MiB "
@@ -266,8 +263,13 @@ class Planner:
 
     @staticmethod
     def _reads_parts_of_one_tensor(view: GraphView, members: list[fx.Node]) -> bool:
+        """The members' inputs are consecutive parts of one tensor (a chunk would read a
+        slice of it). Members that all read one whole tensor are not parts: any chunk of
+        them reads that same tensor."""
         firsts = Planner._first_inputs(members)
-        return firsts is not None and stack_is_free(view, firsts)
+        if firsts is None or all(f is firsts[0] for f in firsts):
+            return False
+        return stack_is_free(view, firsts)
 
     def judge(self, view: GraphView, rule: str, anchor: fx.Node, members: list[fx.Node], new_nodes: list[fx.Node]) -> str | None:
         """Why the built replacement should not be committed, if it should not."""

@@ -186,6 +186,9 @@ def batch_linear(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     ws = [c.args["weight"] for c in g.members]
     bs = [c.args.get("bias") for c in g.members]
     has_bias = bs[0] is not None
+    if all(x is xs[0] for x in xs):
+        # stack([x] * G) is G copies of x (Inductor materializes it for the bmm)
+        g.decline("the members read one input: batch_linear_lhs concatenates their weights instead of stacking copies of it")
     packed, stacked = _linear_operands(g)
     _profitable(g, stacked)
     shape = emittable_shape(g.shape(xs[0]))

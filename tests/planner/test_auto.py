@@ -361,3 +361,50 @@ def test_the_weights_a_rule_concatenates_count_toward_memory():
     with torch.no_grad():
         gm, report = _optimize(model, [x], Planner(Context("cuda"), profile=H200ISH, memory_increase=100.0))
     assert _ops(gm).count("linear") == 1 and _ops(gm).count("cat") == 1, _ops(gm)
+
+
+class GatesAndExperts(torch.nn.Module):
+    """One input read by ``n`` narrow gates (``k -> 1``) and ``n`` wide expert projections
+    (``k -> r``), each projection consumed at once (DCNv2's mixture of cross experts)."""
+
+    def __init__(self, n: int, k: int, r: int) -> None:
+        super().__init__()
+        self.experts = torch.nn.ModuleList(torch.nn.Linear(k, r, bias=False) for _ in range(n))
+        self.gates = torch.nn.ModuleList(torch.nn.Linear(k, 1, bias=False) for _ in range(n))
+
+    def forward(self, x):
+        total = x.sum()
+        for e in self.experts:
+            total = total + torch.tanh(e(x)).sum()
+        return total + torch.cat([g(x) for g in self.gates], 1).softmax(1).sum()
+
+
+def test_linears_sharing_an_input_concatenate_weights_and_cut_narrow_members_together():
+    # stacking one input 8 times for a bmm is 8 copies of it: batch_linear leaves those
+    # groups to batch_linear_lhs; all 16 heads at once would hold 8 expert outputs of
+    # 512 KiB together, so the group is cut, smallest results first: the 8 gates in one
+    model = GatesAndExperts(8, 256, 128).eval()
+    x = torch.randn(1024, 256)
+    with torch.no_grad():
+        want = model(x)
+        gm, report = _optimize(model, [x], Planner(Context("cuda"), profile=H200ISH))
+        got = gm(x)
+    notes = [n for g in report.graphs for n in g.notes]
+    assert any("batch_linear_lhs: group of 16" in n and "smallest" in n for n in notes), notes
+    assert "bmm" not in _ops(gm) and "stack" not in _ops(gm), _ops(gm)
+    widths = [n.meta["val"].shape[-1] for n in gm.graph.nodes if n.op == "call_function" and n.target is F.linear]
+    assert any(w % 128 == 8 for w in widths), widths  # all 8 gates in one linear (with a few experts)
+    assert len(widths) < 16, widths
+    torch.testing.assert_close(got, want)
+    # with room for everything: batch_linear refuses the stacked copies, the lhs rule takes all 16
+    with torch.no_grad():
+        gm, report = _optimize(model, [x], Planner(Context("cuda"), profile=H200ISH, memory_increase=100.0))
+        got = gm(x)
+    assert _ops(gm).count("linear") == 1 and "bmm" not in _ops(gm), _ops(gm)
+    torch.testing.assert_close(got, want)
+    # batch_linear alone declines them, saying why
+    gm = fx.symbolic_trace(model)
+    optimus.optimize(gm, passes={"torch_ir": ["batch_linear"]}, level="torch_ir", example_inputs=[x])
+    declined = [r for g in gm.meta["optimus_report"].graphs for r in g.rules["batch_linear"].declined]
+    assert any(r.startswith("the members read one input: batch_linear_lhs") for r in declined), declined
+    assert not {"bmm", "baddbmm", "stack"} & set(_ops(gm)), _ops(gm)
