@@ -35,7 +35,7 @@ from .group import Group, GroupPlanner, GroupRule, classify_all, find_groups
 from .report import GraphReport, RuleStats
 from .rule import Builder, Decline, PatternRule, Rule
 from .safety import AliasAnalysis
-from .symbolic import GuardRefused, size_hint
+from .symbolic import GuardRefused
 from .transaction import Checked, Surgery
 from .view import GraphView
 
@@ -183,7 +183,7 @@ class Driver:
             for n in group.nodes:
                 stats.decline(n.name, f"{why}; no smaller group fits")
             return False
-        if len({self._result_bytes(c.node) for c in members}) > 1:
+        if len({group.nbytes(c.node) for c in members}) > 1:
             # results of different sizes (smallest first): the first chunk that fits, then
             # the rest as a group of its own (cut again if it must be)
             self.report.notes.append(f"{rule.name}: group of {len(members)} at {members[-1].node.name} cut after its {size} smallest ({why})")
@@ -212,14 +212,10 @@ class Driver:
         firsts = [c.node.all_input_nodes[0] if c.node.all_input_nodes else None for c in group.members]
         if firsts[0] is None or any(f is not firsts[0] for f in firsts):
             return group
-        ordered = sorted(group.members, key=lambda c: self._result_bytes(c.node))
+        ordered = sorted(group.members, key=lambda c: group.nbytes(c.node))
         if all(a is b for a, b in zip(ordered, group.members)):
             return group
         return Group(rule, ordered, group.key, self.view, group.options)
-
-    def _result_bytes(self, node: fx.Node) -> int:
-        v = self.view.tensor_val(node)
-        return size_hint(v.numel()) * v.element_size() if v is not None else 0
 
     def _fixpoint(self) -> None:
         while self._queue:
