@@ -4,8 +4,11 @@ The estimate is a liveness curve over the graph's nodes, read off their fake val
 storage (views share their base's, found through fake-tensor storage identity) is live from
 the node that produces it to the last node that reads it, or to the end if a graph output
 holds it; graph inputs (placeholders and attributes: parameters, activations saved for
-backward, user inputs) are live throughout. The order is the lower-peak one of graph order
-and a depth-first order (``dfs_order``): Inductor's scheduler reorders for peak memory.
+backward, user inputs) are live throughout. The order is the lowest-peak one of graph
+order, a depth-first order (``dfs_order``) and graph order with every node that frees what
+it allocates run as early as it can (``freeing_first_order``): Inductor's fusion moves
+reductions into their producers' kernels, and its scheduler tries several orders of its
+fused nodes and keeps the lowest estimated peak (``reorder_for_peak_memory``).
 
 **What Inductor never materializes takes no memory** (H200 runs 6-10: counting every
 elementwise temporary made the graphs' peaks look 3x what Inductor allocates, so a batched
@@ -32,6 +35,7 @@ at the end of the curve (``backward_bytes``).
 
 from __future__ import annotations
 
+import heapq
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -42,10 +46,12 @@ from ..core.vocab import is_pointwise
 
 GRAPH_INPUTS = ("placeholder", "get_attr")  # live throughout: user inputs, parameters (lifted or not)
 REALIZE_READERS = 4  # Inductor's realize_reads_threshold: more readers, and it stores the result
-FUSED_PRODUCERS = frozenset({"layer_norm"})  # beyond elementwise ops
+FUSED_PRODUCERS = frozenset({"layer_norm", "embedding"})  # beyond elementwise ops (Inductor lowers a lookup to an indexed load)
 CONCATS = frozenset({"cat", "stack"})
+POINTWISE_CAT_INPUTS = 8  # Inductor's max_pointwise_cat_inputs: a cat of at most this many, read only by
+# elementwise ops, is lowered into them (pointwise_cat) on the GPU; CPU Inductor writes a buffer
 REDUCTIONS = frozenset({"sum", "mean", "amax", "amin", "var", "var_mean"})
-_ATEN_KINDS = {"native_layer_norm": "layer_norm", "cat": "cat", "stack": "stack", **{r: r for r in REDUCTIONS}}
+_ATEN_KINDS = {"native_layer_norm": "layer_norm", "embedding": "embedding", "cat": "cat", "stack": "stack", **{r: r for r in REDUCTIONS}}
 
 
 def _val(node: Any) -> Any:
@@ -104,6 +110,10 @@ def op_kind(view: Any, node: fx.Node) -> str | None:
     if call is not None:
         return call.op
     target = node.target
+    if node.op == "call_method" and target in REDUCTIONS:  # Torch-IR: x.mean(dim), x.sum(...)
+        return target
+    if node.op == "call_function" and getattr(target, "__name__", None) in REDUCTIONS and getattr(torch, target.__name__, None) is target:
+        return target.__name__  # torch.mean, torch.sum, ...
     if isinstance(target, torch._ops.OpOverload):
         kind = _ATEN_KINDS.get(target.overloadpacket.__name__)
         if kind is not None:
@@ -151,6 +161,80 @@ def dfs_order(order: Sequence[Any], inputs: dict[Any, list[Any]]) -> list[Any]:
     return out
 
 
+GREEDY_MAX_NODES = 5000  # above this, the freeing-first order's scans of ready nodes cost more than they tell
+SHRINKS = 4  # a node writing at most 1/4 of what it reads (a pooling, a reduction) runs as early as it can
+
+
+def freeing_first_order(order: Sequence[Any], inputs: dict[Any, list[Any]], alloc: dict[Any, int], reads: dict[Any, list[tuple[Any, int]]]) -> list[Any]:
+    """``order`` with every node that frees at least what it allocates, or that writes at
+    most 1/``SHRINKS`` of what it reads, run as soon as its inputs are done; the rest in
+    graph order. This is what Inductor's fusion does to a
+    graph's order: a reduction or a small consumer fuses into the kernel of the producer
+    it reads (a sequence's mean pooling runs with the sequence's last kernel, however late
+    the graph lists it), and its scheduler's memory reordering then frees what can be
+    freed early (``reorder_for_peak_memory``).
+
+    ``alloc[node]``: the bytes it allocates (its own materialized storages); ``reads[node]``:
+    the (storage, bytes) its kernel reads that may be freed after it (not graph inputs); a
+    storage is freed when the last of its readers has run. Graph inputs come first, the
+    output last."""
+    index = {x: i for i, x in enumerate(order)}
+    out = [x for x in order if x.op in GRAPH_INPUTS]
+    done = set(out)
+    tail = [x for x in order if x.op == "output"]
+    todo = [x for x in order if x not in done and x.op != "output"]
+    waiting = {x: len({i for i in inputs[x] if i not in done}) for x in todo}
+    users: dict[Any, list[Any]] = {}
+    for x in todo:
+        for i in dict.fromkeys(inputs[x]):
+            if i not in done:
+                users.setdefault(i, []).append(x)
+    left: dict[Any, int] = {}  # storage -> readers not yet run
+    readers: dict[Any, list[Any]] = {}
+    for x in todo + tail:
+        for k, _ in reads.get(x, ()):
+            left[k] = left.get(k, 0) + 1
+            readers.setdefault(k, []).append(x)
+    ready = {x for x in todo if waiting[x] == 0}
+    cheap: list[tuple[int, Any]] = []  # ready nodes that free what they allocate, by graph position
+    queued: set[Any] = set()
+
+    def consider(y: Any) -> None:
+        # what ``y`` frees only grows as other readers run: once cheap, it stays cheap
+        if y in ready and y not in queued:
+            a, rs = alloc.get(y, 0), reads.get(y, ())
+            if a <= sum(b for k, b in rs if left[k] == 1) or a * SHRINKS <= sum(b for _, b in rs):
+                queued.add(y)
+                heapq.heappush(cheap, (index[y], y))
+
+    def run(x: Any) -> None:
+        ready.discard(x)
+        out.append(x)
+        done.add(x)
+        for k, _ in reads.get(x, ()):
+            left[k] -= 1
+            if left[k] == 1:
+                for r in readers[k]:
+                    if r not in done:
+                        consider(r)
+        for u in users.get(x, ()):
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                ready.add(u)
+                consider(u)
+
+    for y in list(ready):
+        consider(y)
+    for x in todo:
+        while cheap:  # everything ready that frees what it allocates, first
+            _, y = heapq.heappop(cheap)
+            if y not in done:
+                run(y)
+        if x not in done:
+            run(x)
+    return out + tail
+
+
 class FusedOp:
     """A group's members run as one op (``Liveness.with_group``); stands in for an FX node."""
 
@@ -164,9 +248,39 @@ class FusedOp:
         return f"FusedOp({self.name})"
 
 
+def _readers(order: Sequence[Any], inputs: dict[Any, list[Any]], keys: dict[Any, list[Any]], kind: dict[Any, str | None]) -> tuple[dict[Any, Any], dict[Any, list[Any]], set[Any]]:
+    """Per storage: the node that creates it (the first to hold it), the nodes that read it
+    (a view of a storage is not its reader: the view's readers are), and which storages are
+    transient (module docstring: computed inside their readers, never materialized). None
+    of it depends on the order, only on the graph."""
+    owner: dict[Any, Any] = {}
+    for node in order:
+        for k in keys[node]:
+            owner.setdefault(k, node)
+    readers: dict[Any, list[Any]] = {}
+    for node in order:
+        own = keys[node]
+        for inp in inputs[node]:
+            for k in keys[inp]:
+                if k not in own:
+                    readers.setdefault(k, []).append(node)
+    transient = set()
+    for k, rs in readers.items():
+        node = owner[k]
+        if node.op in GRAPH_INPUTS or len(set(rs)) > REALIZE_READERS or any(r.op == "output" for r in rs):
+            continue
+        if _is_producer(kind[node]) and all(_is_consumer(kind[r]) for r in rs):
+            transient.add(k)
+        elif kind[node] in CONCATS and len(set(inputs[node])) <= POINTWISE_CAT_INPUTS and all(kind[r] is not None and is_pointwise(kind[r]) for r in rs):
+            transient.add(k)  # Inductor's pointwise cat: computed inside its elementwise readers
+        elif _is_consumer(kind[node]) and len(set(rs)) == 1 and kind[rs[0]] in CONCATS:
+            transient.add(k)  # a generated kernel whose one reader is a concatenation writes its slice
+    return owner, readers, transient
+
+
 class Liveness:
     """Live bytes of ``graph`` as Inductor would run it (module docstring): ``curve[i]``
-    while the ``i``-th node of the chosen order runs (``depth_first``: which order), ``peak``
+    while the ``i``-th node of the chosen order runs (``order_kind``: which order), ``peak``
     its maximum."""
 
     def __init__(self, graph: fx.Graph, saved_for_backward: bool = False, view: Any = None) -> None:
@@ -201,7 +315,7 @@ class Liveness:
         # storages live throughout (graph inputs): a group cannot change them
         self.resident = {k for n in self.nodes if n.op in GRAPH_INPUTS for k in self.keys[n]}
         self._spans: dict[Any, tuple[Any, int, int]] = {}
-        self.depth_first: bool | None = None  # set by the first curve: which order won
+        self.order_kind: str | None = None  # set by the first curve: which order won (``ORDERS``)
         self.curve = self._best_curve(self.nodes, self.inputs, self.keys, self.kind, self.size, spans=self._spans)
 
     @property
@@ -226,28 +340,79 @@ class Liveness:
         return sum(self.size[k] for k in dict.fromkeys(self.keys.get(node, ())) if k not in earlier)
 
     # ------------------------------------------------------------------ one curve
-    def _best_curve(self, order: Sequence[Any], inputs: dict[Any, list[Any]], *args: Any, spans: dict[Any, Any] | None = None, **kwargs: Any) -> np.ndarray:
-        """The curve of the lower-peak order: the graph's own, or depth-first from its outputs
-        (``dfs_order``). Inductor's scheduler reorders for peak memory, so graph order alone
-        can show buffers live together that Inductor never holds at once (a post-grad graph
-        lists 32 towers' matmuls before their layer norms' elementwise tails). The graph's
-        own curve tries both and remembers which won (``self.depth_first``); a group is then
-        judged in the same kind of order, so the two peaks compare like with like."""
-        first = self.depth_first
-        kinds = (False, True) if first is None else (first,)
-        best, best_spans, best_kind = None, None, False
-        for depth_first in kinds:
-            candidate = dfs_order(order, inputs) if depth_first else list(order)
+    ORDERS = ("graph", "dfs", "freeing_first")
+
+    def _best_curve(
+        self,
+        order: Sequence[Any],
+        inputs: dict[Any, list[Any]],
+        keys: dict[Any, list[Any]],
+        kind: dict[Any, str | None],
+        size: dict[Any, int],
+        spans: dict[Any, Any] | None = None,
+        **kwargs: Any,
+    ) -> np.ndarray:
+        """The curve of the lowest-peak order: the graph's own, depth-first from its outputs
+        (``dfs_order``) or freeing first (``freeing_first_order``). Inductor's scheduler
+        reorders for peak memory, so graph order alone can show buffers live together that
+        Inductor never holds at once (a post-grad graph lists 32 towers' matmuls before their
+        layer norms' elementwise tails; a model that looks up every sequence's embeddings
+        before running the first sequence). The graph's own curve tries each and remembers
+        which won (``self.order_kind``); a group is then judged in the same kind of order, so
+        the two peaks compare like with like."""
+        first = self.order_kind
+        kinds = [k for k in self.ORDERS if k != "freeing_first" or len(order) <= GREEDY_MAX_NODES] if first is None else [first]
+        best, best_spans, best_kind = None, None, "graph"
+        found_readers = _readers(order, inputs, keys, kind)  # the same for every order
+        for name in kinds:
+            if name == "dfs":
+                candidate = dfs_order(order, inputs)
+            elif name == "freeing_first":
+                candidate = freeing_first_order(order, inputs, *self._order_costs(order, inputs, keys, size, found_readers))
+            else:
+                candidate = list(order)
             found: dict[Any, Any] = {}
-            curve = self._curve(candidate, inputs, *args, spans=found, **kwargs)
+            curve = self._curve(candidate, inputs, keys, kind, size, spans=found, found_readers=found_readers, **kwargs)
             if best is None or (len(curve) and curve.max() < best.max()):
-                best, best_spans, best_kind = curve, found, depth_first
+                best, best_spans, best_kind = curve, found, name
         if first is None:
-            self.depth_first = best_kind
+            self.order_kind = best_kind
         if spans is not None and best_spans is not None:
             spans.update(best_spans)
         assert best is not None
         return best
+
+    @property
+    def depth_first(self) -> bool:
+        """The depth-first order won (``order_kind``)."""
+        return self.order_kind == "dfs"
+
+    def _order_costs(self, order: Sequence[Any], inputs: dict[Any, list[Any]], keys: dict[Any, list[Any]], size: dict[Any, int], found_readers: tuple[Any, Any, set[Any]]) -> tuple[dict[Any, int], dict[Any, list[tuple[Any, int]]]]:
+        """What ``freeing_first_order`` needs: per node, the bytes it allocates and the (storage,
+        bytes) it reads; transient storages (never materialized) cost nothing, graph
+        inputs' storages are never freed."""
+        owner, _, transient = found_readers
+        counted = {k for k, o in owner.items() if o.op not in GRAPH_INPUTS}
+        alloc = {x: sum(size.get(k, 0) for k in dict.fromkeys(keys[x]) if owner.get(k) is x and k in counted and k not in transient) for x in order}
+        # what each node's kernel reads: a transient result is computed inside its readers,
+        # so they read its inputs (its inputs are freed when the last of them has run)
+        effective: dict[Any, dict[Any, int]] = {}
+        reads: dict[Any, list[tuple[Any, int]]] = {}
+        for x in order:
+            own = set(keys[x])
+            got: dict[Any, int] = {}
+            for i in inputs[x]:
+                for k in keys[i]:
+                    if k in own or k not in counted:
+                        continue
+                    if k in transient:
+                        got.update(effective.get(owner[k], {}))
+                    else:
+                        got[k] = size.get(k, 0)
+            effective[x] = got
+            computed_inside = bool(own) and all(k in transient for k in own if owner.get(k) is x) and any(owner.get(k) is x for k in own)
+            reads[x] = [] if computed_inside else list(got.items())
+        return alloc, reads
 
     def _curve(
         self,
@@ -259,35 +424,20 @@ class Liveness:
         end_bytes: float = 0.0,
         spans: dict[Any, tuple[Any, int, int]] | None = None,
         grad: set[Any] | None = None,
+        found_readers: tuple[dict[Any, Any], dict[Any, list[Any]], set[Any]] | None = None,
     ) -> np.ndarray:
         """Live bytes per position of ``order`` (module docstring); ``end_bytes`` is added at
         the last position; ``spans`` receives (producer, first, last position) per counted
-        storage; ``grad``: the storages that need a gradient (default: the graph's)."""
+        storage; ``grad``: the storages that need a gradient (default: the graph's);
+        ``found_readers``: ``_readers`` of this graph, when the caller has it."""
         n = len(order)
         index = {node: i for i, node in enumerate(order)}
+        owner, readers, transient = found_readers if found_readers is not None else _readers(order, inputs, keys, kind)
         start: dict[Any, int] = {}
         end: dict[Any, int] = {}
-        owner: dict[Any, Any] = {}
-        for i, node in enumerate(order):
-            for k in keys[node]:
-                if k not in start:
-                    placeholder = node.op in GRAPH_INPUTS
-                    start[k], end[k], owner[k] = (0 if placeholder else i), (n - 1 if placeholder else i), node
-        readers: dict[Any, list[Any]] = {}
-        for node in order:
-            own = keys[node]
-            for inp in inputs[node]:
-                for k in keys[inp]:
-                    if k not in own:  # a view of ``inp`` is not a reader: its readers are
-                        readers.setdefault(k, []).append(node)
-        transient = {
-            k
-            for k, rs in readers.items()
-            if owner[k].op not in GRAPH_INPUTS
-            and _is_producer(kind[owner[k]])
-            and len(set(rs)) <= REALIZE_READERS
-            and all(r.op != "output" and _is_consumer(kind[r]) for r in rs)
-        }
+        for k, node in owner.items():
+            placeholder = node.op in GRAPH_INPUTS
+            start[k], end[k] = (0, n - 1) if placeholder else (index[node], index[node])
         # where each node's kernel runs: a transient result runs inside its readers
         # (a concatenation's input in place, writing its slice)
         run_at: dict[Any, int] = {}
@@ -296,7 +446,8 @@ class Liveness:
             for k in keys[node]:
                 if k in transient and owner[k] is node:
                     for r in readers[k]:
-                        at = max(at, index[node] if kind[r] in CONCATS else run_at[r])
+                        in_place = kind[r] in CONCATS and not any(c in transient for c in keys[r])
+                        at = max(at, index[node] if in_place else run_at[r])
             run_at[node] = at
         for node in order:
             for inp in inputs[node]:

@@ -4,7 +4,7 @@
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from optimus.planner.memory import Liveness, MemoryBudget, dfs_order
+from optimus.planner.memory import POINTWISE_CAT_INPUTS, Liveness, MemoryBudget, dfs_order, op_kind
 
 
 def _sequences(xs, ws):
@@ -123,3 +123,82 @@ def test_the_output_node_counts_what_its_inputs_hold_not_its_own_stale_value():
     out = next(n for n in gm.graph.nodes if n.op == "output")
     out.meta["val"] = [torch.empty(1024, 1024) for _ in range(4)]  # 16 MiB nobody produces
     assert Liveness(gm.graph).peak == peak
+
+
+def _pooled_late(xs, ws):
+    # every sequence's wide result is pooled twice, and the graph lists the poolings after
+    # the last sequence (as a model does that first runs every sequence, then summarizes)
+    outs = [torch.relu(x @ w) + 1 for x, w in zip(xs, ws)]
+    a = torch.cat([o.mean(1, keepdim=True) @ torch.ones(1, 2) for o in outs], 1)
+    b = torch.cat([o.amax(1, keepdim=True) @ torch.ones(1, 2) for o in outs], 1)
+    return a, b
+
+
+def test_poolings_listed_late_run_with_the_sequence_they_read_as_inductor_fuses_them():
+    n, rows, k, wide = 6, 64, 16, 256
+    xs = [torch.randn(rows, k) for _ in range(n)]
+    ws = [torch.randn(k, wide) for _ in range(n)]
+    gm = make_fx(_pooled_late)(xs, ws)
+    live = Liveness(gm.graph)
+    one = rows * wide * 4
+    # graph order and depth-first both hold all n wide results until the poolings run
+    assert live.order_kind == "freeing_first"
+    assert live.peak - _inputs_bytes(live) < 1.5 * one
+
+
+def _small_cat(x, y, w):
+    return (torch.cat([x * 2, y * 2], 1) + 1) @ w
+
+
+def test_a_cat_of_few_inputs_read_by_elementwise_ops_is_computed_inside_them():
+    rows, k = 256, 64
+    x, y, w = torch.randn(rows, k), torch.randn(rows, k), torch.randn(2 * k, 8)
+    live = Liveness(make_fx(_small_cat)(x, y, w).graph)
+    # Inductor's pointwise cat: the add reads x and y, only the add's result is stored
+    cat_bytes = rows * 2 * k * 4
+    assert live.peak - _inputs_bytes(live) < 1.5 * cat_bytes
+
+    def wide_cat(*parts):
+        return (torch.cat([p * 2 for p in parts[:-1]], 1) + 1) @ parts[-1]
+
+    parts = [torch.randn(rows, k) for _ in range(POINTWISE_CAT_INPUTS + 1)]
+    live = Liveness(make_fx(wide_cat)(*parts, torch.randn(len(parts) * k, 8)).graph)
+    # more inputs than Inductor fuses: the cat is a buffer, and the add's result another
+    assert live.peak - _inputs_bytes(live) >= 2 * rows * len(parts) * k * 4
+
+
+def _pooled_then_projected(xs, ws, vs):
+    # each sequence's result is pooled 8:1 and projected at once
+    rows = xs[0].shape[0]
+    outs = []
+    for x, w, v in zip(xs, ws, vs):
+        o = torch.relu(x @ w) + 1
+        outs.append(o.view(rows, -1, 8).mean(-1) @ v)
+    return torch.cat(outs, 1)
+
+
+def test_a_stack_of_computed_inputs_lives_from_its_first_input_on():
+    n, rows, k, wide, m = 6, 64, 16, 256, 4
+    xs = [torch.randn(rows, k) for _ in range(n)]
+    ws = [torch.randn(k, wide) for _ in range(n)]
+    vs = [torch.randn(wide // 8, m) for _ in range(n)]
+    gm = make_fx(_pooled_then_projected)(xs, ws, vs)
+    live = Liveness(gm.graph)
+    projections = [x for x in _mms(gm) if x.args[1].name.startswith("vs")]
+    pools = [p.args[0] for p in projections]
+    pooled = rows * (wide // 8) * 4
+    # batched, the projections read one stack of the pooled results; Inductor writes each
+    # pooling into its slice, so the stack is live from the first sequence's pooling on,
+    # through every later sequence's wide result
+    raised = live.with_group(projections, [(p, pooled) for p in pools]) - live.peak
+    assert raised >= (n - 2) * pooled
+
+
+def test_torch_ir_reductions_are_recognized_by_name():
+    class Pool(torch.nn.Module):
+        def forward(self, x):
+            return x.mean(1) + torch.sum(x, 1)
+
+    gm = torch.fx.symbolic_trace(Pool())
+    kinds = {n.name: op_kind(None, n) for n in gm.graph.nodes}
+    assert kinds["mean"] == "mean" and kinds["sum_1"] == "sum"
