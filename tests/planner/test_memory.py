@@ -202,3 +202,23 @@ def test_torch_ir_reductions_are_recognized_by_name():
     gm = torch.fx.symbolic_trace(Pool())
     kinds = {n.name: op_kind(None, n) for n in gm.graph.nodes}
     assert kinds["mean"] == "mean" and kinds["sum_1"] == "sum"
+
+
+def _reused_later(x, w1, w2, v):
+    a = torch.tanh(x @ w1)  # a buffer of some size, dead after the next matmul...
+    b = a @ v
+    big = torch.relu(x @ w2)  # ...while this wide one lives...
+    c = torch.tanh(big.sum(1, keepdim=True) * x @ w1)  # ...until a buffer of a's size is allocated again
+    return b, c
+
+
+def test_a_dead_buffer_is_held_until_inductor_reuses_it_for_one_of_its_size():
+    rows, k, wide = 64, 32, 512
+    x, w1, w2, v = torch.randn(rows, k), torch.randn(k, k), torch.randn(k, wide), torch.randn(k, 4)
+    live = Liveness(make_fx(_reused_later)(x, w1, w2, v).graph)
+    spans = {owner.name: (s, e) for owner, s, e in live._spans.values()}
+    # the first (rows, k) matmul output dies at its reader, but stays allocated until the
+    # second one of its size takes its memory over, so it is live with the wide buffer
+    first, second = spans["mm"], spans["mm_3"]
+    assert first[1] == second[0] - 1
+    assert live.peak - _inputs_bytes(live) >= rows * wide * 4 + rows * k * 4
