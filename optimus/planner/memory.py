@@ -8,7 +8,9 @@ backward, user inputs) are live throughout. The order is the lowest-peak one of 
 order, a depth-first order (``dfs_order``) and graph order with every node that frees what
 it allocates run as early as it can (``freeing_first_order``): Inductor's fusion moves
 reductions into their producers' kernels, and its scheduler tries several orders of its
-fused nodes and keeps the lowest estimated peak (``reorder_for_peak_memory``).
+fused nodes and keeps the lowest estimated peak (``reorder_for_peak_memory``). A dead
+storage stays allocated until a later allocation of its size takes it over, as Inductor's
+buffer reuse hands it on (``_hold_for_reuse``).
 
 **What Inductor never materializes takes no memory** (H200 runs 6-10: counting every
 elementwise temporary made the graphs' peaks look 3x what Inductor allocates, so a batched
@@ -18,7 +20,9 @@ elementwise stage) and every reader is a kernel Inductor computes it inside: ano
 elementwise op or layer norm, a reduction, or a ``cat``/``stack`` (Inductor writes each
 input into its slice of the result where the input is computed), at most
 ``REALIZE_READERS`` of them (more, and Inductor stores it once instead of recomputing it in
-each). A transient result's inputs stay live until its readers run; a concatenation's
+each). Also transient, as Inductor lowers them on the GPU: an
+embedding lookup; a ``cat``/``stack`` of at most ``POINTWISE_CAT_INPUTS`` inputs read only
+by elementwise ops; a generated kernel's result whose one reader is a concatenation. A transient result's inputs stay live until its readers run; a concatenation's
 buffer is live from its first input's kernel on.
 
 **A horizontal group** is judged on the graph it would produce (``with_group``), not on
