@@ -20,10 +20,11 @@ elementwise stage) and every reader is a kernel Inductor computes it inside: ano
 elementwise op or layer norm, a reduction, or a ``cat``/``stack`` (Inductor writes each
 input into its slice of the result where the input is computed), at most
 ``REALIZE_READERS`` of them (more, and Inductor stores it once instead of recomputing it in
-each). Also transient, as Inductor lowers them on the GPU: an
-embedding lookup; a ``cat``/``stack`` of at most ``POINTWISE_CAT_INPUTS`` inputs read only
-by elementwise ops; a generated kernel's result whose one reader is a concatenation. A transient result's inputs stay live until its readers run; a concatenation's
-buffer is live from its first input's kernel on.
+each). Also transient, as Inductor lowers them on the GPU: an embedding lookup; a
+``cat``/``stack`` of at most ``POINTWISE_CAT_INPUTS`` inputs read only by elementwise ops; a
+generated kernel's result whose one reader is a concatenation. A transient result's inputs
+stay live until its readers run; a concatenation's buffer is live from its first input's
+kernel on.
 
 **A horizontal group** is judged on the graph it would produce (``with_group``), not on
 the current curve: its members become one op at the last member's position writing one
@@ -410,11 +411,6 @@ class Liveness:
         assert best is not None
         return best
 
-    @property
-    def depth_first(self) -> bool:
-        """The depth-first order won (``order_kind``)."""
-        return self.order_kind == "dfs"
-
     def _order_costs(self, order: Sequence[Any], inputs: dict[Any, list[Any]], keys: dict[Any, list[Any]], size: dict[Any, int], found_readers: tuple[Any, Any, set[Any]]) -> tuple[dict[Any, int], dict[Any, list[tuple[Any, int]]]]:
         """What ``freeing_first_order`` needs: per node, the bytes it allocates and the (storage,
         bytes) it reads; transient storages (never materialized) cost nothing, graph
@@ -438,7 +434,8 @@ class Liveness:
                     else:
                         got[k] = size.get(k, 0)
             effective[x] = got
-            computed_inside = bool(own) and all(k in transient for k in own if owner.get(k) is x) and any(owner.get(k) is x for k in own)
+            created = [k for k in own if owner.get(k) is x]
+            computed_inside = bool(created) and all(k in transient for k in created)
             reads[x] = [] if computed_inside else list(got.items())
         return alloc, reads
 

@@ -111,7 +111,7 @@ def test_graph_order_that_holds_every_tower_at_once_is_rescheduled_depth_first()
     assert order.index(first_relu) < order.index(mms[1])  # tower 0 runs to its end before tower 1 starts
     live = Liveness(gm.graph)
     one = rows * wide * 4
-    assert live.depth_first  # the rescheduled order had the lower peak
+    assert live.order_kind == "dfs"  # the rescheduled order had the lower peak
     assert live.peak - _inputs_bytes(live) < n * one + 1.5 * one  # as if tower by tower
 
 
