@@ -461,7 +461,42 @@ def _graph_io() -> tuple[Any, Any]:
     return ordered_set(list(V.graph.graph_inputs.keys())), ordered_set(list(V.graph.get_output_names()))
 
 
-def schedule_peak_estimator(scheduler: Any, nodes: list[Any]) -> tuple[int, Callable[[list[Any]], tuple[int, list[int]]]] | None:
+class PeakEstimate:
+    """Inductor's estimate of the peak memory of orders of one node list (what
+    ``schedule_peak_estimator`` returns): ``self(order)`` is ``(peak, bytes live at each
+    step)``. ``merged(members, new)`` follows a merge without preparing the list again."""
+
+    def __init__(self, imem: Any, freeable: Any, outputs: Any, name_to_buf: Any) -> None:
+        self._imem, self._freeable, self._outputs, self._name_to_buf = imem, freeable, outputs, name_to_buf
+
+    def __call__(self, order: list[Any]) -> tuple[int, list[int]]:
+        top, curve = self._imem.estimate_peak_memory(list(order), self._freeable, self._outputs)
+        return int(top), [int(x) for x in curve]
+
+    def merged(self, members: list[Any], new: Any) -> bool:
+        """``members`` became the one node ``new``: every buffer's successors name ``new``
+        where they named a member. That is what preparing the merged list again gives the
+        estimate: ``new`` writes its members' buffers and reads what they read, and a buffer
+        one member writes and another reads (no longer a successor in the merged list) is
+        freed at its own node either way. False (nothing changed) where this torch's
+        planning info is not the one this was written against."""
+        try:
+            gone = {id(m) for m in members}
+            infos = [b.mpi_buffer for b in list(self._name_to_buf.values()) + list(self._freeable.values())]
+            updates = []
+            for info in infos:
+                for attr in ("succ_nodes", "succ_nodes_for_ordering"):
+                    nodes = getattr(info, attr)
+                    if any(id(n) in gone for n in nodes):
+                        updates.append((info, attr, ordered_set(list(dict.fromkeys(new if id(n) in gone else n for n in nodes)))))
+            for info, attr, nodes in updates:
+                setattr(info, attr, nodes)
+            return True
+        except Exception:
+            return False
+
+
+def schedule_peak_estimator(scheduler: Any, nodes: list[Any]) -> tuple[int, PeakEstimate] | None:
     """Inductor's own estimate of a node order's peak memory (``torch._inductor.memory``,
     what its ``reorder_for_peak_memory`` uses): ``(peak of nodes in this order, estimate)``
     where ``estimate(order)`` prices another order of the same nodes as ``(peak, bytes live
@@ -471,23 +506,21 @@ def schedule_peak_estimator(scheduler: Any, nodes: list[Any]) -> tuple[int, Call
 
         inputs, outputs = _graph_io()
         peak, freeable = imem.prepare_planning_info(list(nodes), scheduler.name_to_buf, scheduler.name_to_fused_node, inputs, outputs)
-
-        def estimate(order: list[Any]) -> tuple[int, list[int]]:
-            top, curve = imem.estimate_peak_memory(list(order), freeable, outputs)
-            return int(top), [int(x) for x in curve]
-
-        return int(peak), estimate
+        return int(peak), PeakEstimate(imem, freeable, outputs, scheduler.name_to_buf)
     except Exception:
         return None
 
 
 def planned_alloc_bytes(node: Any) -> int:
-    """Bytes ``node``'s outputs allocate, as the last ``schedule_peak_estimator`` call on an
-    order holding it priced them (``mpi_node.size``, set by ``prepare_planning_info``); 0
+    """Bytes ``node``'s outputs allocate, as the last ``schedule_peak_estimator`` call
+    priced them (their ``mpi_buffer.size_alloc``, set by ``prepare_planning_info``; what
+    it sums into the node's ``mpi_node.size``, here also for a node merged since); 0
     where that is missing."""
-    info = getattr(node, "mpi_node", None)
-    size = getattr(info, "size", 0)
-    return int(size) if isinstance(size, int) else 0
+    total = 0
+    for buf in call_safely(node.get_outputs, []) or []:
+        size = getattr(getattr(buf, "mpi_buffer", None), "size_alloc", 0)
+        total += size if isinstance(size, int) else 0
+    return total
 
 
 def reorder_for_peak_memory(scheduler: Any, nodes: list[Any]) -> list[Any]:

@@ -204,7 +204,11 @@ class ScheduleMemory:
       which is the side to err on.
 
     An accepted merge's simulated order becomes the current one (the merged node in the
-    first member's place), so later merges are judged with the earlier ones in place."""
+    first member's place), so later merges are judged with the earlier ones in place; the
+    estimate follows the merge (``compat.PeakEstimate.merged``) instead of preparing
+    Inductor's planning info for the whole list again."""
+
+    update_checks: list[bool] | None = None  # tests: after each merge, is the followed estimate what preparing anew gives?
 
     def __init__(self, scheduler: Any, live: Any, reaches: Callable[[Any, Any], bool]) -> None:
         self.scheduler = scheduler
@@ -246,7 +250,16 @@ class ScheduleMemory:
         # (a merge of nodes the order does not hold cannot happen; if it did, the next
         # judgement starts again from Inductor's reorder of the live list)
         self.order = None if first is None else [new if n is first else n for n in order if n is first or id(n) not in gone]
-        self._estimate, self._pending, self.curve = None, None, None
+        self._pending = None
+        # the estimate follows the merge (preparing Inductor's planning info again for every
+        # merge cost interformer's inference compile 4 s on CPU); else it is prepared anew
+        if self.order is not None and self._estimate is not None and self._estimate.merged(members, new):
+            self.curve = self._estimate(self.order)[1]
+            if self.update_checks is not None:
+                fresh = compat.schedule_peak_estimator(self.scheduler, self.order)
+                self.update_checks.append(fresh is not None and fresh[1](self.order)[1] == self.curve)
+        else:
+            self._estimate, self.curve = None, None
 
     def why_not(self, members: list[Any], increase: float) -> str | None:
         """Why merging ``members`` (nodes of the current list) would break the budget."""

@@ -344,6 +344,7 @@ class Liveness:
         # storages live throughout (graph inputs): a group cannot change them
         self.resident = {k for n in self.nodes if n.op in GRAPH_INPUTS for k in self.keys[n]}
         self._spans: dict[Any, tuple[Any, int, int]] = {}
+        self._group_peaks: dict[tuple[Any, ...], float] = {}  # with_group's simulations
         self.order_kind: str | None = None  # set by the first curve: which order won (``ORDERS``)
         self.curve = self._best_curve(self.nodes, self.inputs, self.keys, self.kind, self.size, spans=self._spans)
 
@@ -528,6 +529,14 @@ class Liveness:
             bound = self.peak + sum(self.size[k] for k in touched if k not in self.resident) + sum(b for _, b in stacked)
             if bound <= allowed:
                 return bound
+        memo = (tuple(members), tuple(stacked))  # the driver asks again for a group it retries
+        if memo not in self._group_peaks:
+            self._group_peaks[memo] = self._simulate_group(members, stacked, at, below)
+        return self._group_peaks[memo]
+
+    def _simulate_group(self, members: list[fx.Node], stacked: list[tuple[fx.Node | None, int]], at: int, below: set[Any]) -> float:
+        """``with_group``'s simulation: the graph with the group as one op, its peak."""
+        member_set = set(members)
         fused = FusedOp(f"fused_{members[-1].name}", self.kind[members[0]])
         stack = FusedOp(f"stack_{members[-1].name}", "stack") if stacked else None
         moved = [x for x in self.nodes[:at] if x in below]

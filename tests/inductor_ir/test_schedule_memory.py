@@ -10,7 +10,7 @@ import torch
 from optimus.inductor_ir import compat, passes
 from optimus.inductor_ir.passes import local_rise, merged_order
 
-from inductor_ir_support import run_compiled
+from inductor_ir_support import SCENARIOS, run_compiled
 
 needs_hooks = pytest.mark.skipif(not compat.hooks_supported()[0], reason="torch without scheduler hooks")
 
@@ -59,3 +59,19 @@ def test_combining_towers_that_wait_for_their_matmuls_counts_the_matmuls_outputs
     assert bounded.matched("combo_small_kernels") == 0
     reasons = list(bounded.declines("combo_small_kernels"))
     assert any(r.startswith("memory: the merged kernel would hold 0.06 MiB more at once") for r in reasons), reasons  # a 1024x16 fp32 matmul output
+
+
+@needs_hooks
+def test_the_estimate_followed_through_merges_is_the_one_prepared_anew(fake_gpu, monkeypatch):
+    """After each accepted merge the estimate is updated in place (``PeakEstimate.merged``)
+    instead of re-running Inductor's planning preparation; every updated curve equals the
+    one a fresh preparation of the merged list gives, for fused kernels (forward and
+    backward) and combo launches."""
+    checks: list[bool] = []
+    monkeypatch.setattr(passes.ScheduleMemory, "update_checks", checks)
+    fn, make_inputs, grad = SCENARIOS["independent"]
+    fused = run_compiled(fn, make_inputs(), {"inductor_ir": {"fuse_independent_kernels": {"memory_increase": 10.0}}}, grad)
+    assert fused.matched("fuse_independent_kernels") == 3
+    combo = run_compiled(towers, towers_inputs(), {"inductor_ir": {"combo_small_kernels": {"memory_increase": 10.0}}}, grad=False)
+    assert combo.matched("combo_small_kernels") >= 1
+    assert len(checks) >= 4 and all(checks), checks
