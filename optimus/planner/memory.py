@@ -257,29 +257,76 @@ def _readers(order: Sequence[Any], inputs: dict[Any, list[Any]], keys: dict[Any,
     """Per storage: the node that creates it (the first to hold it), the nodes that read it
     (a view of a storage is not its reader: the view's readers are), and which storages are
     transient (module docstring: computed inside their readers, never materialized). None
-    of it depends on the order, only on the graph."""
+    of it depends on the order, only on the graph (the readers' order does not matter)."""
     owner: dict[Any, Any] = {}
     for node in order:
         for k in keys[node]:
             owner.setdefault(k, node)
     readers: dict[Any, list[Any]] = {}
     for node in order:
-        own = keys[node]
-        for inp in inputs[node]:
-            for k in keys[inp]:
-                if k not in own:
-                    readers.setdefault(k, []).append(node)
-    transient = set()
-    for k, rs in readers.items():
-        node = owner[k]
-        if node.op in GRAPH_INPUTS or len(set(rs)) > REALIZE_READERS or any(r.op == "output" for r in rs):
-            continue
-        if _is_producer(kind[node]) and all(_is_consumer(kind[r]) for r in rs):
-            transient.add(k)
-        elif kind[node] in CONCATS and len(set(inputs[node])) <= POINTWISE_CAT_INPUTS and all(kind[r] is not None and is_pointwise(kind[r]) for r in rs):
-            transient.add(k)  # Inductor's pointwise cat: computed inside its elementwise readers
-        elif _is_consumer(kind[node]) and len(set(rs)) == 1 and kind[rs[0]] in CONCATS:
-            transient.add(k)  # a generated kernel whose one reader is a concatenation writes its slice
+        for k in _reads(node, inputs, keys):
+            readers.setdefault(k, []).append(node)
+    transient = {k for k, rs in readers.items() if _is_transient(owner[k], rs, inputs, kind)}
+    return owner, readers, transient
+
+
+def _reads(node: Any, inputs: dict[Any, list[Any]], keys: dict[Any, list[Any]]) -> list[Any]:
+    """The storages ``node`` reads, once per input holding them (not its own: a view's)."""
+    own = keys[node]
+    return [k for inp in inputs[node] for k in keys[inp] if k not in own]
+
+
+def _is_transient(node: Any, rs: list[Any], inputs: dict[Any, list[Any]], kind: dict[Any, str | None]) -> bool:
+    """Whether the storage ``node`` creates, read by ``rs``, is never materialized (module docstring)."""
+    if node.op in GRAPH_INPUTS or len(set(rs)) > REALIZE_READERS or any(r.op == "output" for r in rs):
+        return False
+    if _is_producer(kind[node]) and all(_is_consumer(kind[r]) for r in rs):
+        return True
+    if kind[node] in CONCATS and len(set(inputs[node])) <= POINTWISE_CAT_INPUTS and all(kind[r] is not None and is_pointwise(kind[r]) for r in rs):
+        return True  # Inductor's pointwise cat: computed inside its elementwise readers
+    # a generated kernel whose one reader is a concatenation writes its slice
+    return _is_consumer(kind[node]) and len(set(rs)) == 1 and kind[rs[0]] in CONCATS
+
+
+def _readers_changed(
+    base: tuple[dict[Any, Any], dict[Any, list[Any]], set[Any]],
+    changed: set[Any],
+    removed: set[Any],
+    gone: set[Any],
+    new_owners: dict[Any, Any],
+    inputs: dict[Any, list[Any]],
+    keys: dict[Any, list[Any]],
+    kind: dict[Any, str | None],
+    old_inputs: dict[Any, list[Any]],
+    old_keys: dict[Any, list[Any]],
+) -> tuple[dict[Any, Any], dict[Any, list[Any]], set[Any]]:
+    """``_readers`` of a graph that differs from ``base``'s only at the nodes ``changed``
+    (their inputs, their inputs' storages or their own storages changed; new nodes among
+    them) and ``removed`` (no longer in it), without visiting the rest; ``gone``: the
+    storages no node holds any more; ``new_owners``: the creators of new storages. A storage's transient status is found again
+    where its readers, its creator or the creator's inputs changed."""
+    owner0, readers0, transient0 = base
+    owner = {k: o for k, o in owner0.items() if k not in gone}
+    owner.update(new_owners)
+    touched: set[Any] = set(new_owners)
+    new_reads: dict[Any, list[Any]] = {}
+    for x in changed | removed:
+        if x in old_keys:  # it was in the graph: what it read is read again below, or not at all
+            touched.update(_reads(x, old_inputs, old_keys))
+        if x not in removed:
+            for k in _reads(x, inputs, keys):
+                new_reads.setdefault(k, []).append(x)
+    touched.update(new_reads)
+    readers = dict(readers0)
+    for k in touched:
+        rs = [r for r in readers0.get(k, ()) if r not in changed and r not in removed] + new_reads.get(k, [])
+        if rs and k not in gone:
+            readers[k] = rs
+        else:
+            readers.pop(k, None)
+    touched.update(k for k, o in owner.items() if o in changed)  # a creator whose inputs changed (a cat's count)
+    transient = {k for k in transient0 if k not in touched and k not in gone}
+    transient.update(k for k in touched if k in readers and k in owner and _is_transient(owner[k], readers[k], inputs, kind))
     return owner, readers, transient
 
 
@@ -311,6 +358,8 @@ class Liveness:
     """Live bytes of ``graph`` as Inductor would run it (module docstring): ``curve[i]``
     while the ``i``-th node of the chosen order runs (``order_kind``: which order), ``peak``
     its maximum."""
+
+    readers_checks: list[bool] | None = None  # tests: is each group's patched ``_readers`` the one found anew?
 
     def __init__(self, graph: fx.Graph, saved_for_backward: bool = False, view: Any = None) -> None:
         """``saved_for_backward``: a training graph before AOTAutograd (Torch-IR). ``view``:
@@ -346,7 +395,8 @@ class Liveness:
         self._spans: dict[Any, tuple[Any, int, int]] = {}
         self._group_peaks: dict[tuple[Any, ...], float] = {}  # with_group's simulations
         self.order_kind: str | None = None  # set by the first curve: which order won (``ORDERS``)
-        self.curve = self._best_curve(self.nodes, self.inputs, self.keys, self.kind, self.size, spans=self._spans)
+        self._found = _readers(self.nodes, self.inputs, self.keys, self.kind)  # a group's graph patches it
+        self.curve = self._best_curve(self.nodes, self.inputs, self.keys, self.kind, self.size, spans=self._spans, found_readers=self._found)
 
     @property
     def peak(self) -> float:
@@ -380,6 +430,7 @@ class Liveness:
         kind: dict[Any, str | None],
         size: dict[Any, int],
         spans: dict[Any, Any] | None = None,
+        found_readers: tuple[dict[Any, Any], dict[Any, list[Any]], set[Any]] | None = None,
         **kwargs: Any,
     ) -> np.ndarray:
         """The curve of the lowest-peak order: the graph's own, depth-first from its outputs
@@ -393,7 +444,8 @@ class Liveness:
         first = self.order_kind
         kinds = [k for k in self.ORDERS if k != "freeing_first" or len(order) <= GREEDY_MAX_NODES] if first is None else [first]
         best, best_spans, best_kind = None, None, "graph"
-        found_readers = _readers(order, inputs, keys, kind)  # the same for every order
+        if found_readers is None:
+            found_readers = _readers(order, inputs, keys, kind)  # the same for every order
         for name in kinds:
             if name == "dfs":
                 candidate = dfs_order(order, inputs)
@@ -418,7 +470,10 @@ class Liveness:
         inputs' storages are never freed."""
         owner, _, transient = found_readers
         counted = {k for k, o in owner.items() if o.op not in GRAPH_INPUTS}
-        alloc = {x: sum(size.get(k, 0) for k in dict.fromkeys(keys[x]) if owner.get(k) is x and k in counted and k not in transient) for x in order}
+        alloc = dict.fromkeys(order, 0)
+        for k in counted:
+            if k not in transient:
+                alloc[owner[k]] += size.get(k, 0)
         # what each node's kernel reads: a transient result is computed inside its readers,
         # so they read its inputs (its inputs are freed when the last of them has run)
         effective: dict[Any, dict[Any, int]] = {}
@@ -476,9 +531,11 @@ class Liveness:
                         at = max(at, index[node] if in_place else run_at[r])
             run_at[node] = at
         for node in order:
+            last = n - 1 if node.op == "output" else run_at[node]
             for inp in inputs[node]:
                 for k in keys[inp]:
-                    end[k] = max(end[k], n - 1 if node.op == "output" else run_at[node])
+                    if end[k] < last:
+                        end[k] = last
             if kind[node] in CONCATS:
                 early = [run_at[p] for p in inputs[node] if any(k in transient for k in keys[p])]
                 for k in keys[node] if early else ():
@@ -588,7 +645,21 @@ class Liveness:
             per_member = [self.own_bytes(m) for m in members]
             grad_in = sum(b for node, b in stacked if node in self.keys and any(k in self.grad for k in self.keys[node]))
             backward = grad_out + grad_in - max(per_member)
-        return float(self._best_curve(order, inputs, keys, kind, size, end_bytes=backward, grad=grad).max())
+        # only the group's neighbourhood changed: the members (gone), the new ops, the nodes
+        # reading a member or holding (a view of) a member's output, and their readers
+        holders = {x for k in remap for x in self.holders[k] if x not in member_set}
+        changed = {u for m in members for u in m.users if u not in member_set} | holders
+        changed |= {u for x in holders for u in x.users}
+        changed |= {fused} | ({stack} if stack is not None else set())
+        new_owners = {k: fused for k in fused_keys}
+        if stack is not None:
+            new_owners[keys[stack][0]] = stack
+        found = _readers_changed(self._found, changed, member_set, set(remap), new_owners, inputs, keys, kind, self.inputs, self.keys)
+        if self.readers_checks is not None:
+            full = _readers(order, inputs, keys, kind)
+            same_readers = {k: sorted(map(id, rs)) for k, rs in found[1].items()} == {k: sorted(map(id, rs)) for k, rs in full[1].items()}
+            self.readers_checks.append(found[0] == full[0] and same_readers and found[2] == full[2])
+        return float(self._best_curve(order, inputs, keys, kind, size, end_bytes=backward, grad=grad, found_readers=found).max())
 
 
 class MemoryBudget:

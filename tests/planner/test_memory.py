@@ -222,3 +222,36 @@ def test_a_dead_buffer_is_held_until_inductor_reuses_it_for_one_of_its_size():
     first, second = spans["mm"], spans["mm_3"]
     assert first[1] == second[0] - 1
     assert live.peak - _inputs_bytes(live) >= rows * wide * 4 + rows * k * 4
+
+
+def _towers_with_views(xs, ws):
+    # each member's output is read through a view (t) and by a cat of two members, so the
+    # patched readers must rename storages held by views and count a cat's inputs again
+    hs = [x @ w for x, w in zip(xs, ws)]
+    return torch.cat([torch.relu(h.t()).sum(0) for h in hs]) + torch.cat(hs[:2], 1).sum()
+
+
+def _wide_cat(xs, ws):
+    # a cat of more inputs than Inductor computes inside its elementwise readers, until the
+    # group makes them one
+    return torch.relu(torch.cat([x @ w for x, w in zip(xs, ws)], 1))
+
+
+def test_a_groups_patched_readers_are_the_ones_found_anew(monkeypatch):
+    """A group's graph is judged with ``_readers`` patched around the group instead of
+    found again over the whole graph; on every judged group here the two agree (creators,
+    readers, transient storages), with and without a stacked copy."""
+    checks: list[bool] = []
+    monkeypatch.setattr(Liveness, "readers_checks", checks)
+    n, rows, k, wide = POINTWISE_CAT_INPUTS + 2, 32, 8, 16
+    xs = [torch.randn(rows, k) for _ in range(n)]
+    ws = [torch.randn(k, wide) for _ in range(n)]
+    for fn in (_towers_with_views, _towers, _matmuls_first, _sequences, _wide_cat):
+        gm = make_fx(fn)(xs, ws)
+        live = Liveness(gm.graph)
+        mms = _mms(gm)
+        stacked = [(x, rows * k * 4) for x in (m.args[0] for m in mms)]
+        for members in (mms, mms[:2], mms[1:]):
+            live.with_group(members)
+            live.with_group(members, stacked=stacked[: len(members)])
+    assert len(checks) == 5 * 3 * 2 and all(checks), checks
