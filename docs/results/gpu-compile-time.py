@@ -45,6 +45,7 @@ def main() -> None:
                 r.forward_backward()
             measure.synchronize(torch.device(a.device))
             row["first_step_s"] = round(time.perf_counter() - t0, 3)
+        row["phases_s"] = phases()
         report = getattr(r.fn, "optimus_report", None)
         if report is not None:
             for level in ("torch_ir", "aten_ir", "inductor_ir"):
@@ -53,6 +54,23 @@ def main() -> None:
     except Exception as e:  # one failing row keeps the others
         row["error"] = f"{type(e).__name__}: {e}"[:300]
     print(json.dumps(row), flush=True)
+
+
+PHASES = ("create_aot_dispatcher_function", "compile_fx_inner", "GraphLowering.run", "Scheduler.__init__",
+          "Scheduler.fused_nodes", "Scheduler.codegen", "async_compile.wait", "PyCodeCache.load_by_key_path")
+
+
+def phases() -> dict[str, float]:
+    """Seconds of a few of the compile's phases, summed over its graphs (Dynamo's compile
+    timers: AOTAutograd, Inductor's lowering, scheduling (our Inductor-IR passes run inside
+    ``Scheduler.__init__``), code generation, waiting for Triton's compiles)."""
+    try:
+        from torch._dynamo.utils import compile_times
+
+        names, values = compile_times(repr="csv", aggregate=True)
+        return {n: round(float(v), 3) for n, v in zip(names, values) if n in PHASES}
+    except Exception:  # a torch without these timers
+        return {}
 
 
 def table(path: str) -> None:
