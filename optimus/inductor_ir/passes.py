@@ -273,11 +273,15 @@ class ScheduleMemory:
             candidate, ahead = merged_order(self.order, members, self.reaches)
         except KeyError:  # a node the dependency sets do not know
             return "no peak-memory estimate for this merge (a node is not in the tracked dependencies)"
-        peak, curve = self._estimate(candidate)
         held = sum(compat.planned_alloc_bytes(n) for n in ahead)  # run early, read at the merged kernel
-        rise = max(local_rise(self.order, self.curve, candidate, curve), held)
         allowed = self.base * (1 + increase) + MEMORY_SLACK
         allowance = self.base * increase + MEMORY_SLACK
+        if held > 0 and self.spent + held > allowance:  # the rise is at least ``held``: declined without pricing the order
+            return (f"memory: the merged kernel would hold at least {held / 2**20:.2f} MiB more at once where it runs, "
+                    f"what the nodes it moves ahead allocate ({self.spent / 2**20:.2f} MiB of the {allowance / 2**20:.2f} MiB "
+                    f"allowed for this graph's merges already used)")
+        peak, curve = self._estimate(candidate)
+        rise = max(local_rise(self.order, self.curve, candidate, curve), held)
         if peak > allowed:
             return (f"memory: the merged kernel would raise the schedule's estimated peak to {peak / 2**20:.2f} MiB "
                     f"(from {self.base / 2**20:.2f} MiB; allowed: {increase:.0%} more)")

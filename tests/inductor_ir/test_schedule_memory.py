@@ -58,7 +58,8 @@ def test_combining_towers_that_wait_for_their_matmuls_counts_the_matmuls_outputs
     bounded = run_compiled(towers, towers_inputs(), {"inductor_ir": {"combo_small_kernels": {"memory_increase": 0.0}}}, grad=False)
     assert bounded.matched("combo_small_kernels") == 0
     reasons = list(bounded.declines("combo_small_kernels"))
-    assert any(r.startswith("memory: the merged kernel would hold 0.06 MiB more at once") for r in reasons), reasons  # a 1024x16 fp32 matmul output
+    # a 1024x16 fp32 matmul output moved ahead: that alone declines it, before the order is priced
+    assert any(r.startswith("memory: the merged kernel would hold at least 0.06 MiB more at once") for r in reasons), reasons
 
 
 @needs_hooks
