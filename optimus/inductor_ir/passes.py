@@ -251,8 +251,9 @@ class ScheduleMemory:
         # judgement starts again from Inductor's reorder of the live list)
         self.order = None if first is None else [new if n is first else n for n in order if n is first or id(n) not in gone]
         self._pending = None
-        # the estimate follows the merge (preparing Inductor's planning info again for every
-        # merge cost interformer's inference compile 4 s on CPU); else it is prepared anew
+        # the estimate follows the merge (preparing Inductor's planning info again after each
+        # of interformer inference's 134 merges took 3.9 s of its CPU compile, profiled);
+        # where it cannot, it is prepared anew at the next judgement
         if self.order is not None and self._estimate is not None and self._estimate.merged(members, new):
             self.curve = self._estimate(self.order)[1]
             if self.update_checks is not None:

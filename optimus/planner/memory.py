@@ -303,8 +303,9 @@ def _readers_changed(
     """``_readers`` of a graph that differs from ``base``'s only at the nodes ``changed``
     (their inputs, their inputs' storages or their own storages changed; new nodes among
     them) and ``removed`` (no longer in it), without visiting the rest; ``gone``: the
-    storages no node holds any more; ``new_owners``: the creators of new storages. A storage's transient status is found again
-    where its readers, its creator or the creator's inputs changed."""
+    storages no node holds any more; ``new_owners``: the creators of new storages. A
+    storage's transient status is found again where its readers, its creator or the
+    creator's inputs changed."""
     owner0, readers0, transient0 = base
     owner = {k: o for k, o in owner0.items() if k not in gone}
     owner.update(new_owners)
