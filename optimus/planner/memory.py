@@ -307,7 +307,9 @@ def _readers_changed(
     storage's transient status is found again where its readers, its creator or the
     creator's inputs changed."""
     owner0, readers0, transient0 = base
-    owner = {k: o for k, o in owner0.items() if k not in gone}
+    owner = dict(owner0)
+    for k in gone:
+        del owner[k]
     owner.update(new_owners)
     touched: set[Any] = set(new_owners)
     new_reads: dict[Any, list[Any]] = {}
@@ -325,8 +327,8 @@ def _readers_changed(
             readers[k] = rs
         else:
             readers.pop(k, None)
-    touched.update(k for k, o in owner.items() if o in changed)  # a creator whose inputs changed (a cat's count)
-    transient = {k for k in transient0 if k not in touched and k not in gone}
+    touched.update(k for x in changed for k in keys.get(x, ()) if owner.get(k) is x)  # a creator whose inputs changed (a cat's count)
+    transient = transient0 - touched - gone
     transient.update(k for k in touched if k in readers and k in owner and _is_transient(owner[k], readers[k], inputs, kind))
     return owner, readers, transient
 
