@@ -143,6 +143,12 @@ class FusionMatch(Match):
         parts = [self.target] if self.target is not None else list(self.group)
         return sum(self.view.members(n) for n in parts) + self.view.members(self.candidate)
 
+    def accesses(self) -> int:
+        """Loads and stores of the kernel the fusion would produce (its members' buffer
+        reads and writes)."""
+        parts = [self.target] if self.target is not None else list(self.group)
+        return sum(self.view.accesses(n) for n in parts) + self.view.accesses(self.candidate)
+
 
 def _default_bucket(pairing: str) -> Callable[[Call, Any], Hashable]:
     if pairing == "independent":

@@ -261,6 +261,12 @@ class SchedulerView:
         """Scheduler nodes (IR operations) inside a possibly fused node."""
         return len(compat.call_safely(node.get_nodes, [node]))
 
+    def accesses(self, node: Any) -> int:
+        """Buffers a possibly fused node reads from outside and writes: about the pointer
+        arguments of its kernel (a buffer written and read inside it counts once)."""
+        writes = {d.name for d in node.read_writes.writes}
+        return len({d.name for d in node.read_writes.reads} - writes) + len(writes)
+
     def bytes(self, node: Any) -> int | None:
         fn = getattr(node, "get_read_write_buffers_sizes", None)
         return compat.call_safely(fn, None) if fn is not None else None

@@ -352,6 +352,41 @@ def test_a_combo_keeps_only_the_members_inductor_launches_together(fake_gpu, mon
     assert not _failed_compiles(run)
 
 
+CAP = "compile-time cap: the kernel would make more than max_accesses loads and stores"
+
+
+@needs_hooks
+def test_merged_kernels_are_capped_by_the_buffers_they_touch(fake_gpu):
+    """H200, towers32 training: one combo of 4 kernels that each fused 8 layer norms (161
+    pointers, 64 reductions) took 24.8 s to compile, a third of the compile. Each member
+    here reads one input and writes one output: 4 buffers fit in two members, not three."""
+    g = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(n, generator=g) for n in (64, 100, 300)]
+    capped = run_compiled(_three_small, inputs, {"inductor_ir": {"combo_small_kernels": {"max_accesses": 4}}}, grad=False)
+    assert capped.matched("combo_small_kernels") == 1
+    assert any(r.startswith(CAP) for r in capped.declines("combo_small_kernels")), capped.declines("combo_small_kernels")
+    notes = [n for g in capped.graphs() for n in g.notes if "-> one combo launch" in n]
+    assert len(notes) == 1 and notes[0].count(" + ") == 1, notes
+    free = run_compiled(_three_small, inputs, {"inductor_ir": {"combo_small_kernels": {"max_accesses": 6}}}, grad=False)
+    notes = [n for g in free.graphs() for n in g.notes if "-> one combo launch" in n]
+    assert len(notes) == 1 and notes[0].count(" + ") == 2, notes
+    assert not _failed_compiles(capped)
+
+
+@needs_hooks
+def test_fused_kernels_are_capped_by_the_buffers_they_touch():
+    """The same cap on a loop nest (CPU): three same-shape members, room for two."""
+    g = torch.Generator().manual_seed(0)
+    same = [torch.randn(64, generator=g) for _ in range(3)]
+    fused = run_compiled(_three_small, same, {"inductor_ir": {"fuse_independent_kernels": {"max_accesses": 4}}}, grad=False)
+    assert fused.matched("fuse_independent_kernels") == 1
+    assert any(r.startswith(CAP) for r in fused.declines("fuse_independent_kernels")), fused.declines("fuse_independent_kernels")
+    assert fused.nests == [2]
+    for out, want in zip(fused.outputs, _three_small(*same)):
+        torch.testing.assert_close(out, want)
+    assert run_compiled(_three_small, same, {"inductor_ir": ["fuse_independent_kernels"]}, grad=False).nests == [1]
+
+
 def _column_sums(a, b, c):
     """Column sums Inductor splits in two stages (long, narrow reductions); the three first
     stages share one iteration space (16384 x 128) though the sums' own sizes differ
