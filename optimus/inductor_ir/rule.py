@@ -144,8 +144,8 @@ class FusionMatch(Match):
         return sum(self.view.members(n) for n in parts) + self.view.members(self.candidate)
 
     def accesses(self) -> int:
-        """Loads and stores of the kernel the fusion would produce (its members' buffer
-        reads and writes)."""
+        """Buffers the kernel the fusion would produce reads or writes (summed over its
+        parts: about its pointer arguments)."""
         parts = [self.target] if self.target is not None else list(self.group)
         return sum(self.view.accesses(n) for n in parts) + self.view.accesses(self.candidate)
 

@@ -39,7 +39,7 @@ def _within_max_nodes(m: FusionMatch) -> bool:
 
 
 def _within_max_accesses(m: FusionMatch) -> bool:
-    """compile-time cap: the kernel would make more than max_accesses loads and stores (Triton's compile time grows faster than a kernel's body)"""
+    """compile-time cap: the kernel would read or write more than max_accesses buffers (Triton's compile time grows faster than a kernel's body)"""
     return m.accesses() <= m.options["max_accesses"]
 
 

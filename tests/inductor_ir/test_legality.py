@@ -352,7 +352,7 @@ def test_a_combo_keeps_only_the_members_inductor_launches_together(fake_gpu, mon
     assert not _failed_compiles(run)
 
 
-CAP = "compile-time cap: the kernel would make more than max_accesses loads and stores"
+CAP = "compile-time cap: the kernel would read or write more than max_accesses buffers"
 
 
 @needs_hooks
