@@ -466,8 +466,11 @@ class PeakEstimate:
     ``schedule_peak_estimator`` returns): ``self(order)`` is ``(peak, bytes live at each
     step)``. ``merged(members, new)`` follows a merge without preparing the list again."""
 
+    SUCCESSORS = ("succ_nodes", "succ_nodes_for_ordering")
+
     def __init__(self, imem: Any, freeable: Any, outputs: Any, name_to_buf: Any) -> None:
         self._imem, self._freeable, self._outputs, self._name_to_buf = imem, freeable, outputs, name_to_buf
+        self._naming: dict[int, dict[tuple[int, str], tuple[Any, str]]] | None = None  # id(node) -> the successor sets naming it
 
     def __call__(self, order: list[Any]) -> tuple[int, list[int]]:
         top, curve = self._imem.estimate_peak_memory(list(order), self._freeable, self._outputs)
@@ -481,19 +484,32 @@ class PeakEstimate:
         freed at its own node either way. False (nothing changed) where this torch's
         planning info is not the one this was written against."""
         try:
+            naming = self._successor_sets()
             gone = {id(m) for m in members}
-            infos = [b.mpi_buffer for b in list(self._name_to_buf.values()) + list(self._freeable.values())]
-            updates = []
-            for info in infos:
-                for attr in ("succ_nodes", "succ_nodes_for_ordering"):
-                    nodes = getattr(info, attr)
-                    if any(id(n) in gone for n in nodes):
-                        updates.append((info, attr, ordered_set(list(dict.fromkeys(new if id(n) in gone else n for n in nodes)))))
-            for info, attr, nodes in updates:
-                setattr(info, attr, nodes)
+            touched: dict[tuple[int, str], tuple[Any, str]] = {}
+            for m in members:
+                touched.update(naming.pop(id(m), {}))
+            for info, attr in touched.values():
+                nodes = getattr(info, attr)
+                setattr(info, attr, ordered_set(list(dict.fromkeys(new if id(n) in gone else n for n in nodes))))
+            naming.setdefault(id(new), {}).update(touched)
             return True
         except Exception:
             return False
+
+    def _successor_sets(self) -> dict[int, dict[tuple[int, str], tuple[Any, str]]]:
+        """For each node, the buffers' successor sets that name it (built at the first
+        merge, then kept up to date by ``merged``), so a merge rewrites only those instead
+        of scanning every buffer."""
+        if self._naming is None:
+            naming: dict[int, dict[tuple[int, str], tuple[Any, str]]] = {}
+            for buf in list(self._name_to_buf.values()) + list(self._freeable.values()):
+                info = buf.mpi_buffer
+                for attr in self.SUCCESSORS:
+                    for n in getattr(info, attr):
+                        naming.setdefault(id(n), {})[(id(info), attr)] = (info, attr)
+            self._naming = naming
+        return self._naming
 
 
 def schedule_peak_estimator(scheduler: Any, nodes: list[Any]) -> tuple[int, PeakEstimate] | None:
