@@ -5,7 +5,9 @@ records (1) every kernel of one step in launch order from the CUDA profiler (nam
 device microseconds), (2) every generated Triton kernel with 64 or more ``tl.load``s, with
 the graph fragment Inductor's wrapper prints above it (the post-grad FX nodes it fuses),
 (3) ``optimus.last_report()``'s text and, with ``DIAG_HOST=1``, (4) the step's wall time and
-its host time per op (CPU profiler, self and total microseconds per step). One JSON file per run to ``$OUT/diag-kernels.json``.
+its host time per op (CPU profiler, self and total microseconds per step); with
+``DIAG_PYPROF=1``, (5) the host time by Python function (cProfile: calls, own and cumulative
+microseconds per step). One JSON file per run to ``$OUT/diag-kernels.json``.
 
     TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 python docs/results/gpu-diag-kernels.py \
         splitcat/train/optimus-auto towers32/train/optimus towers32/train/optimus-packed
@@ -98,6 +100,20 @@ def main() -> None:
                     row["step_ms"] = round((time.perf_counter() - t) / 20 * 1e3, 3)
                     avg = sorted(host.key_averages(), key=lambda a: -a.self_cpu_time_total)[:40]
                     row["host_top"] = [[a.key[:90], a.count // 5, round(a.self_cpu_time_total / 5, 1), round(a.cpu_time_total / 5, 1)] for a in avg]
+                if os.environ.get("DIAG_PYPROF"):  # the host time by Python function (cProfile, 10 steps)
+                    import cProfile
+                    import pstats
+
+                    pr = cProfile.Profile()
+                    pr.enable()
+                    for _ in range(10):
+                        r.step()
+                    sync()
+                    pr.disable()
+                    st = pstats.Stats(pr)
+                    top = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:45]  # by own time
+                    row["pyprof_top"] = [[f"{os.path.basename(f)}:{ln}({fn})", cc // 10, round(tt / 10 * 1e6, 1), round(ct / 10 * 1e6, 1)]
+                                         for (f, ln, fn), (cc, nc, tt, ct, _) in top]
             evs = [e for e in prof.events() if "CUDA" in str(getattr(e, "device_type", "")) and not (e.name or "").startswith(("Memcpy", "Memset", "[memory]"))]
             evs.sort(key=lambda e: e.time_range.start)
             row["kernels"] = len(evs)
