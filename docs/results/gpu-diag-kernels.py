@@ -32,7 +32,8 @@ from optimus.bench.configs import CONFIGS
 from optimus.bench.external import get_bench_model
 from optimus.bench.harness import LR, Runner
 
-KERNEL = re.compile(r"((?:#.*\n)+)(\w+) = async_compile\.triton\('(\w+)', '''(.*?)'''", re.S)
+# the comment lines Inductor writes above a kernel (no re.S there: a comment is one line)
+KERNEL = re.compile(r"((?:#[^\n]*\n)+)(\w+) = async_compile\.triton\('(\w+)', '''(.*?)'''", re.S)
 
 
 def big_kernels(wrapper: str, min_loads: int = 64) -> list[dict]:
@@ -44,6 +45,12 @@ def big_kernels(wrapper: str, min_loads: int = 64) -> list[dict]:
             found.append({"name": name, "loads": loads, "stores": src.count("tl.store"), "lines": src.count("\n"),
                           "fragment": comments[-20000:]})
     return found
+
+
+def most_loads(wrapper: str, top: int = 6) -> list[list]:
+    """The generated kernels with the most ``tl.load``s: [name, loads, source lines]."""
+    found = [[m.group(3), m.group(4).count("tl.load"), m.group(4).count("\n")] for m in KERNEL.finditer(wrapper)]
+    return sorted(found, key=lambda k: -k[1])[:top]
 
 
 def launches(wrapper: str) -> list[str]:
@@ -118,7 +125,7 @@ def main() -> None:
             evs.sort(key=lambda e: e.time_range.start)
             row["kernels"] = len(evs)
             row["timeline"] = [[(e.name or "?")[:90], round(float(getattr(e, "device_time", 0.0) or 0.0), 2)] for e in evs]
-            row["graphs"] = [{"launches": launches(w), "big": big_kernels(w)} for w in wrappers]
+            row["graphs"] = [{"launches": launches(w), "big": big_kernels(w), "most_loads": most_loads(w)} for w in wrappers]
             rep = optimus.last_report() if cfg.startswith("optimus") else None
             row["report"] = str(rep)[-30000:] if rep is not None else None
         except Exception as e:  # keep the other rows
@@ -126,8 +133,8 @@ def main() -> None:
         result["rows"][spec] = row
         with open(f"{out_dir}/diag-kernels.json", "w") as f:
             json.dump(result, f, indent=1)
-        big = [(b["name"], b["loads"]) for g in row.get("graphs", []) for b in g["big"]]
-        print(f"{spec}: {row.get('kernels')} kernels/step, graphs {len(row.get('graphs', []))}, big {big}, {row.get('error', '')}", flush=True)
+        big = [tuple(k[:2]) for g in row.get("graphs", []) for k in g["most_loads"][:2]]
+        print(f"{spec}: {row.get('kernels')} kernels/step, graphs {len(row.get("graphs", []))}, most loads {big}, {row.get('error', '')}", flush=True)
 
 
 if __name__ == "__main__":
