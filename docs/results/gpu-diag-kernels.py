@@ -134,7 +134,7 @@ def main() -> None:
         with open(f"{out_dir}/diag-kernels.json", "w") as f:
             json.dump(result, f, indent=1)
         big = [tuple(k[:2]) for g in row.get("graphs", []) for k in g["most_loads"][:2]]
-        print(f"{spec}: {row.get('kernels')} kernels/step, graphs {len(row.get("graphs", []))}, most loads {big}, {row.get('error', '')}", flush=True)
+        print(f"{spec}: {row.get('kernels')} kernels/step, graphs {len(row.get('graphs', []))}, most loads {big}, {row.get('error', '')}", flush=True)
 
 
 if __name__ == "__main__":
