@@ -149,6 +149,12 @@ class FusionMatch(Match):
         parts = [self.target] if self.target is not None else list(self.group)
         return sum(self.view.accesses(n) for n in parts) + self.view.accesses(self.candidate)
 
+    def loads(self) -> int:
+        """Memory accesses of the kernel the fusion would produce, a buffer once per index it
+        is read at (``SchedulerView.loads`` summed over its parts: about its loads and stores)."""
+        parts = [self.target] if self.target is not None else list(self.group)
+        return sum(self.view.loads(n) for n in parts) + self.view.loads(self.candidate)
+
 
 def _default_bucket(pairing: str) -> Callable[[Call, Any], Hashable]:
     if pairing == "independent":

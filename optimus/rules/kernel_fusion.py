@@ -43,6 +43,11 @@ def _within_max_accesses(m: FusionMatch) -> bool:
     return m.accesses() <= m.options["max_accesses"]
 
 
+def _within_max_loads(m: FusionMatch) -> bool:
+    """compile-time cap: the kernel would make more than max_loads memory accesses (a buffer counts once per index it is read at)"""
+    return m.loads() <= m.options["max_loads"]
+
+
 def _within_max_work(m: FusionMatch) -> bool:
     """cost cap: a kernel has more than max_work iteration points (bandwidth-bound; one launch saved is noise, a worse tiling is not)"""
     cap = m.options["max_work"]
@@ -113,8 +118,8 @@ def fuse_producer_consumer(m: FusionMatch, b: FusionBuilder):
     pairing="independent",
     kind="horizontal",
     priority=20,
-    where=[_within_max_kernels, _within_max_nodes, _within_max_accesses, _within_max_work, _near_in_schedule, _same_cpu_region],
-    options={"max_kernels": 8, "max_nodes": 64, "max_accesses": 64, "max_work": 1 << 24, "max_distance": 64, "memory_increase": None},
+    where=[_within_max_kernels, _within_max_nodes, _within_max_accesses, _within_max_loads, _within_max_work, _near_in_schedule, _same_cpu_region],
+    options={"max_kernels": 8, "max_nodes": 64, "max_accesses": 64, "max_loads": 96, "max_work": 1 << 24, "max_distance": 64, "memory_increase": None},
     knobs={"max_attempts": 64},
 )
 def fuse_independent_kernels(m: FusionMatch, b: FusionBuilder):
@@ -145,8 +150,8 @@ def _combinable(m: FusionMatch) -> bool:
     pairing="combo",
     kind="horizontal",
     priority=30,
-    where=[_within_max_kernels, _within_max_accesses, _within_max_work, _reductions_within_max_rnumel, _near_in_schedule],
-    options={"max_kernels": 8, "max_accesses": 64, "max_work": 1 << 20, "max_rnumel": 2048, "max_distance": 64, "memory_increase": None},
+    where=[_within_max_kernels, _within_max_accesses, _within_max_loads, _within_max_work, _reductions_within_max_rnumel, _near_in_schedule],
+    options={"max_kernels": 8, "max_accesses": 64, "max_loads": 96, "max_work": 1 << 20, "max_rnumel": 2048, "max_distance": 64, "memory_increase": None},
     knobs={"max_attempts": 64, "verify_codegen": True, "benchmark": False},
 )
 def combo_small_kernels(m: FusionMatch, b: FusionBuilder):

@@ -353,6 +353,7 @@ def test_a_combo_keeps_only_the_members_inductor_launches_together(fake_gpu, mon
 
 
 CAP = "compile-time cap: the kernel would read or write more than max_accesses buffers"
+LOADS_CAP = "compile-time cap: the kernel would make more than max_loads memory accesses"
 
 
 @needs_hooks
@@ -385,6 +386,29 @@ def test_fused_kernels_are_capped_by_the_buffers_they_touch():
     for out, want in zip(fused.outputs, _three_small(*same)):
         torch.testing.assert_close(out, want)
     assert run_compiled(_three_small, same, {"inductor_ir": ["fuse_independent_kernels"]}, grad=False).nests == [1]
+
+
+def _three_sliced(a, b, c):
+    """Each member reads its own input at four offsets: one buffer, four loads."""
+    return tuple(x[0:64] * x[64:128] + x[128:192] * x[192:256] for x in (a, b, c))
+
+
+def test_the_loads_cap_counts_a_buffer_once_per_index_it_is_read_at():
+    """A kernel reading one buffer at four offsets makes five accesses (four loads, one
+    store) through two pointers: ``max_loads`` of 12 takes two members and declines the
+    third, where ``max_accesses`` (pointers: 6 for all three) would have merged them all."""
+    g = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(256, generator=g) for _ in range(3)]
+    capped = {"inductor_ir": {"fuse_independent_kernels": {"max_loads": 12, "max_accesses": 12}}}
+    fused = run_compiled(_three_sliced, inputs, capped, grad=False)
+    assert fused.matched("fuse_independent_kernels") == 1
+    declines = fused.declines("fuse_independent_kernels")
+    assert any(r.startswith(LOADS_CAP) for r in declines) and not any(r.startswith(CAP) for r in declines), declines
+    assert fused.nests == [2]
+    for out, want in zip(fused.outputs, _three_sliced(*inputs)):
+        torch.testing.assert_close(out, want)
+    roomy = {"inductor_ir": {"fuse_independent_kernels": {"max_loads": 15, "max_accesses": 12}}}
+    assert run_compiled(_three_sliced, inputs, roomy, grad=False).nests == [1]
 
 
 def _column_sums(a, b, c):
