@@ -411,6 +411,28 @@ def test_the_loads_cap_counts_a_buffer_once_per_index_it_is_read_at():
     assert run_compiled(_three_sliced, inputs, roomy, grad=False).nests == [1]
 
 
+def test_loads_count_reads_without_an_index_as_whole_buffers():
+    """``StarDep.index`` raises: such a read counts once per buffer, and the count never
+    raises (a raising condition would drop the merge as a per-candidate error)."""
+    from types import SimpleNamespace
+
+    from optimus.inductor_ir.view import SchedulerView
+
+    class StarDep:
+        def __init__(self, name):
+            self.name = name
+
+        @property
+        def index(self):
+            raise NotImplementedError("StarDep does not have an index")
+
+    dep = lambda name, index: SimpleNamespace(name=name, index=index)  # noqa: E731
+    reads = [dep("a", "x0"), dep("a", "x0 + 64"), dep("a", "x0 + 128"), StarDep("b"), StarDep("b"), dep("out", "x0")]
+    node = SimpleNamespace(read_writes=SimpleNamespace(reads=reads, writes=[dep("out", "x0")]))
+    assert SchedulerView.loads(None, node) == 3 + 1 + 1  # three indices of a, b once, the write
+    assert SchedulerView.accesses(None, node) == 2 + 1
+
+
 def _column_sums(a, b, c):
     """Column sums Inductor splits in two stages (long, narrow reductions); the three first
     stages share one iteration space (16384 x 128) though the sums' own sizes differ
