@@ -138,22 +138,24 @@ class FusionMatch(Match):
     def work(self, node: Any) -> int | None:
         return self.view.work(node)
 
+    def _over_parts(self, measure: Callable[[Any], int]) -> int:
+        """``measure`` summed over the kernels the fusion would put into one."""
+        parts = [self.target] if self.target is not None else list(self.group)
+        return sum(measure(n) for n in parts) + measure(self.candidate)
+
     def members(self) -> int:
         """IR operations in the kernel the fusion would produce."""
-        parts = [self.target] if self.target is not None else list(self.group)
-        return sum(self.view.members(n) for n in parts) + self.view.members(self.candidate)
+        return self._over_parts(self.view.members)
 
     def accesses(self) -> int:
-        """Buffers the kernel the fusion would produce reads or writes (summed over its
-        parts: about its pointer arguments)."""
-        parts = [self.target] if self.target is not None else list(self.group)
-        return sum(self.view.accesses(n) for n in parts) + self.view.accesses(self.candidate)
+        """Buffers the kernel the fusion would produce reads or writes (about its pointer
+        arguments)."""
+        return self._over_parts(self.view.accesses)
 
     def loads(self) -> int:
         """Memory accesses of the kernel the fusion would produce, a buffer once per index it
-        is read at (``SchedulerView.loads`` summed over its parts: about its loads and stores)."""
-        parts = [self.target] if self.target is not None else list(self.group)
-        return sum(self.view.loads(n) for n in parts) + self.view.loads(self.candidate)
+        is read at (``SchedulerView.loads``: about its loads and stores)."""
+        return self._over_parts(self.view.loads)
 
 
 def _default_bucket(pairing: str) -> Callable[[Call, Any], Hashable]:

@@ -35,7 +35,7 @@ created by earlier fusions).
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import sympy
 
@@ -116,6 +116,13 @@ def _index_of(dep: Any) -> str:
         return str(dep.index)
     except Exception:
         return ""
+
+
+def _accessed(node: Any, key: Callable[[Any], Any]) -> int:
+    """A node's reads from outside (distinct by ``key``) plus the buffers it writes; a buffer
+    written and read inside the node counts once."""
+    writes = {d.name for d in node.read_writes.writes}
+    return len({key(d) for d in node.read_writes.reads if d.name not in writes}) + len(writes)
 
 
 class SchedulerView:
@@ -272,9 +279,8 @@ class SchedulerView:
 
     def accesses(self, node: Any) -> int:
         """Buffers a possibly fused node reads from outside and writes: about the pointer
-        arguments of its kernel (a buffer written and read inside it counts once)."""
-        writes = {d.name for d in node.read_writes.writes}
-        return len({d.name for d in node.read_writes.reads} - writes) + len(writes)
+        arguments of its kernel."""
+        return _accessed(node, lambda d: d.name)
 
     def loads(self, node: Any) -> int:
         """Memory accesses of a possibly fused node: each buffer it reads from outside, once
@@ -282,9 +288,7 @@ class SchedulerView:
         stores of its kernel, where ``accesses`` counts pointers: a pointwise ``cat`` reads one
         buffer at a different offset per input (the H200's 31.7 s splitcat kernel: 128 loads
         from 39 buffers)."""
-        writes = {d.name for d in node.read_writes.writes}
-        reads = {(d.name, _index_of(d)) for d in node.read_writes.reads if d.name not in writes}
-        return len(reads) + len(writes)
+        return _accessed(node, lambda d: (d.name, _index_of(d)))
 
     def bytes(self, node: Any) -> int | None:
         fn = getattr(node, "get_read_write_buffers_sizes", None)
