@@ -70,8 +70,9 @@ L_P = tl.constexpr(10)    # partials offset (elements, per half)
 L_NCH = tl.constexpr(11)  # number of chunks (= partial slots) of the member
 L_DW = tl.constexpr(12)
 L_DB = tl.constexpr(13)
+L_S = tl.constexpr(14)    # row stride of x, y, dy, dx (D when packed, sum D in the column layout)
 NCOL_C = tl.constexpr(NCOL)
-COL = dict(D=0, R=1, RS=2, CLS=3, X=4, Y=5, W=6, B=7, DY=8, DX=9, P=10, NCH=11, DW=12, DB=13)
+COL = dict(D=0, R=1, RS=2, CLS=3, X=4, Y=5, W=6, B=7, DY=8, DX=9, P=10, NCH=11, DW=12, DB=13, S=14)
 
 _INTERPRET = interpret_mode()
 # GPU: 4096-element tiles, classes 64 .. 4096 multi-row, 8192 / 16384 single row, wider: loop.
@@ -95,7 +96,7 @@ def _sum(x, AXIS: tl.constexpr):
 # forward
 # ---------------------------------------------------------------------------------------------
 @triton.jit
-def _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, r0, nr, eps,
+def _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps,
                  HAS_W: tl.constexpr, HAS_B: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
     cols = tl.arange(0, BD)
     cmask = cols < D
@@ -109,7 +110,7 @@ def _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, r0, nr, eps,
         rows = r0 + i * BR + rloc
         rmask = rows < r_end
         m2 = rmask[:, None] & cmask[None, :]
-        offs = rows[:, None] * D + cols[None, :]
+        offs = rows[:, None] * S + cols[None, :]
         x = tl.load(xb + offs, mask=m2, other=0.0).to(tl.float32)
         mean = _sum(x, 1) / D
         xc = tl.where(m2, x - mean[:, None], 0.0)
@@ -126,12 +127,12 @@ def _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, r0, nr, eps,
 
 
 @triton.jit
-def _ln_fwd_loop(xb, yb, wb, bb, mb, rb, D, r0, nr, eps,
+def _ln_fwd_loop(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps,
                  HAS_W: tl.constexpr, HAS_B: tl.constexpr, BD: tl.constexpr):
     cols0 = tl.arange(0, BD)
     for r in range(r0, r0 + nr):
-        xr = xb + r * D
-        yr = yb + r * D
+        xr = xb + r * S
+        yr = yb + r * S
         s = tl.full((BD,), 0.0, tl.float32)
         for c0 in range(0, D, BD):
             cols = c0 + cols0
@@ -174,8 +175,10 @@ def _ln_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, stats_ptr, gtab_ptr, ctab_ptr, ep
     rs = tl.load(row + L_RS)
     x_off = tl.load(row + L_X)
     y_off = tl.load(row + L_Y)
+    S = tl.load(row + L_S).to(tl.int32)
     if ALIGN > 1:
         D = tl.multiple_of(D, ALIGN)
+        S = tl.multiple_of(S, ALIGN)
         x_off = tl.multiple_of(x_off, ALIGN)
         y_off = tl.multiple_of(y_off, ALIGN)
     xb = x_ptr + x_off
@@ -189,41 +192,41 @@ def _ln_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, stats_ptr, gtab_ptr, ctab_ptr, ep
     mb = stats_ptr + rs
     rb = stats_ptr + TOT_ROWS + rs
     if cls == 0:
-        _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, r0, nr, eps, HAS_W, HAS_B, TILE // MIN_D, MIN_D)
+        _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps, HAS_W, HAS_B, TILE // MIN_D, MIN_D)
     if MAX_CLS >= 1:
         if cls == 1:
-            _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, r0, nr, eps, HAS_W, HAS_B, TILE // (MIN_D * 2), MIN_D * 2)
+            _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps, HAS_W, HAS_B, TILE // (MIN_D * 2), MIN_D * 2)
     if MAX_CLS >= 2:
         if cls == 2:
-            _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, r0, nr, eps, HAS_W, HAS_B, TILE // (MIN_D * 4), MIN_D * 4)
+            _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps, HAS_W, HAS_B, TILE // (MIN_D * 4), MIN_D * 4)
     if MAX_CLS >= 3:
         if cls == 3:
-            _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, r0, nr, eps, HAS_W, HAS_B, TILE // (MIN_D * 8), MIN_D * 8)
+            _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps, HAS_W, HAS_B, TILE // (MIN_D * 8), MIN_D * 8)
     if MAX_CLS >= 4:
         if cls == 4:
-            _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, r0, nr, eps, HAS_W, HAS_B, TILE // (MIN_D * 16), MIN_D * 16)
+            _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps, HAS_W, HAS_B, TILE // (MIN_D * 16), MIN_D * 16)
     if MAX_CLS >= 5:
         if cls == 5:
-            _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, r0, nr, eps, HAS_W, HAS_B, TILE // (MIN_D * 32), MIN_D * 32)
+            _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps, HAS_W, HAS_B, TILE // (MIN_D * 32), MIN_D * 32)
     if MAX_CLS >= 6:
         if cls == 6:
-            _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, r0, nr, eps, HAS_W, HAS_B, 1, TILE)
+            _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps, HAS_W, HAS_B, 1, TILE)
     if MAX_CLS >= 7:
         if cls == 7:
-            _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, r0, nr, eps, HAS_W, HAS_B, 1, TILE * 2)
+            _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps, HAS_W, HAS_B, 1, TILE * 2)
     if MAX_CLS >= 8:
         if cls == 8:
-            _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, r0, nr, eps, HAS_W, HAS_B, 1, TILE * 4)
+            _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps, HAS_W, HAS_B, 1, TILE * 4)
     if MAX_CLS >= 9:
         if cls == 9:
-            _ln_fwd_loop(xb, yb, wb, bb, mb, rb, D, r0, nr, eps, HAS_W, HAS_B, TILE)
+            _ln_fwd_loop(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps, HAS_W, HAS_B, TILE)
 
 
 # ---------------------------------------------------------------------------------------------
 # backward: dx per row, dW/db column sums per chunk -> partial slots
 # ---------------------------------------------------------------------------------------------
 @triton.jit
-def _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, r0, nr,
+def _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, S, r0, nr,
                  HAS_W: tl.constexpr, HAS_B: tl.constexpr, NEED_DX: tl.constexpr,
                  BR: tl.constexpr, BD: tl.constexpr):
     cols = tl.arange(0, BD)
@@ -238,7 +241,7 @@ def _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, r0, nr,
         rows = r0 + i * BR + rloc
         rmask = rows < r_end
         m2 = rmask[:, None] & cmask[None, :]
-        offs = rows[:, None] * D + cols[None, :]
+        offs = rows[:, None] * S + cols[None, :]
         x = tl.load(xb + offs, mask=m2, other=0.0).to(tl.float32)
         dy = tl.load(dyb + offs, mask=m2, other=0.0).to(tl.float32)
         mean = tl.load(mb + rows, mask=rmask, other=0.0)
@@ -263,7 +266,7 @@ def _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, r0, nr,
 
 
 @triton.jit
-def _ln_bwd_loop(xb, dyb, dxb, wb, mb, rb, pw, pb, D, r0, nr,
+def _ln_bwd_loop(xb, dyb, dxb, wb, mb, rb, pw, pb, D, S, r0, nr,
                  HAS_W: tl.constexpr, HAS_B: tl.constexpr, NEED_DX: tl.constexpr, BD: tl.constexpr):
     cols0 = tl.arange(0, BD)
     # this chunk owns its partial slot: zero it, then accumulate row by row
@@ -275,8 +278,8 @@ def _ln_bwd_loop(xb, dyb, dxb, wb, mb, rb, pw, pb, D, r0, nr,
         if HAS_B:
             tl.store(pb + cols, tl.full((BD,), 0.0, tl.float32), mask=cm)
     for r in range(r0, r0 + nr):
-        xr = xb + r * D
-        dyr = dyb + r * D
+        xr = xb + r * S
+        dyr = dyb + r * S
         mean = tl.load(mb + r)
         rstd = tl.load(rb + r)
         s1 = tl.full((BD,), 0.0, tl.float32)
@@ -310,7 +313,7 @@ def _ln_bwd_loop(xb, dyb, dxb, wb, mb, rb, pw, pb, D, r0, nr,
                 else:
                     wdy = dy
                 dx = (wdy - (xhat * c1 + c2)) * rstd
-                tl.store(dxb + r * D + cols, dx.to(dxb.dtype.element_ty), mask=cm)
+                tl.store(dxb + r * S + cols, dx.to(dxb.dtype.element_ty), mask=cm)
 
 
 @triton.jit
@@ -331,8 +334,10 @@ def _ln_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, stats_ptr, part_ptr, gtab_ptr, 
     dy_off = tl.load(row + L_DY)
     dx_off = tl.load(row + L_DX)
     p_off = tl.load(row + L_P)
+    S = tl.load(row + L_S).to(tl.int32)
     if ALIGN > 1:
         D = tl.multiple_of(D, ALIGN)
+        S = tl.multiple_of(S, ALIGN)
         x_off = tl.multiple_of(x_off, ALIGN)
         dy_off = tl.multiple_of(dy_off, ALIGN)
         dx_off = tl.multiple_of(dx_off, ALIGN)
@@ -347,39 +352,39 @@ def _ln_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, stats_ptr, part_ptr, gtab_ptr, 
     pw = part_ptr + p_off + j * D
     pb = part_ptr + TOT_PART + p_off + j * D
     if cls == 0:
-        _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, r0, nr, HAS_W, HAS_B, NEED_DX, TILE // MIN_D, MIN_D)
+        _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, S, r0, nr, HAS_W, HAS_B, NEED_DX, TILE // MIN_D, MIN_D)
     if MAX_CLS >= 1:
         if cls == 1:
-            _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, r0, nr, HAS_W, HAS_B, NEED_DX,
+            _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, S, r0, nr, HAS_W, HAS_B, NEED_DX,
                          TILE // (MIN_D * 2), MIN_D * 2)
     if MAX_CLS >= 2:
         if cls == 2:
-            _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, r0, nr, HAS_W, HAS_B, NEED_DX,
+            _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, S, r0, nr, HAS_W, HAS_B, NEED_DX,
                          TILE // (MIN_D * 4), MIN_D * 4)
     if MAX_CLS >= 3:
         if cls == 3:
-            _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, r0, nr, HAS_W, HAS_B, NEED_DX,
+            _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, S, r0, nr, HAS_W, HAS_B, NEED_DX,
                          TILE // (MIN_D * 8), MIN_D * 8)
     if MAX_CLS >= 4:
         if cls == 4:
-            _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, r0, nr, HAS_W, HAS_B, NEED_DX,
+            _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, S, r0, nr, HAS_W, HAS_B, NEED_DX,
                          TILE // (MIN_D * 16), MIN_D * 16)
     if MAX_CLS >= 5:
         if cls == 5:
-            _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, r0, nr, HAS_W, HAS_B, NEED_DX,
+            _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, S, r0, nr, HAS_W, HAS_B, NEED_DX,
                          TILE // (MIN_D * 32), MIN_D * 32)
     if MAX_CLS >= 6:
         if cls == 6:
-            _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, r0, nr, HAS_W, HAS_B, NEED_DX, 1, TILE)
+            _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, S, r0, nr, HAS_W, HAS_B, NEED_DX, 1, TILE)
     if MAX_CLS >= 7:
         if cls == 7:
-            _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, r0, nr, HAS_W, HAS_B, NEED_DX, 1, TILE * 2)
+            _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, S, r0, nr, HAS_W, HAS_B, NEED_DX, 1, TILE * 2)
     if MAX_CLS >= 8:
         if cls == 8:
-            _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, r0, nr, HAS_W, HAS_B, NEED_DX, 1, TILE * 4)
+            _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, S, r0, nr, HAS_W, HAS_B, NEED_DX, 1, TILE * 4)
     if MAX_CLS >= 9:
         if cls == 9:
-            _ln_bwd_loop(xb, dyb, dxb, wb, mb, rb, pw, pb, D, r0, nr, HAS_W, HAS_B, NEED_DX, TILE)
+            _ln_bwd_loop(xb, dyb, dxb, wb, mb, rb, pw, pb, D, S, r0, nr, HAS_W, HAS_B, NEED_DX, TILE)
 
 
 @triton.jit
@@ -463,15 +468,32 @@ def limit_reason(rows: Sequence[int], widths: Sequence[int]) -> Optional[str]:
     return None
 
 
-class LNSignature:
-    """Shape-only facts of one group; ``limit_reason``: None, or why it must not be launched."""
+LAYOUTS = ("packed", "columns")
 
-    def __init__(self, rows, widths, nsms):
+
+class LNSignature:
+    """Shape-only facts of one group; ``limit_reason``: None, or why it must not be launched.
+
+    ``layout``: ``"packed"`` (every member's rows flattened and concatenated, a member's rows D
+    apart) or ``"columns"`` (every member has the same R rows; x, y, dy and dx are one
+    (R, sum D) matrix, member g in columns [sum D_<g, sum D_<=g), as ``torch.cat(dim=1)`` lays
+    them out)."""
+
+    def __init__(self, rows, widths, nsms, layout="packed"):
+        if layout not in LAYOUTS:
+            raise ValueError(f"batched_layer_norm: layout must be one of {LAYOUTS}, got {layout!r}")
+        if layout == "columns" and len(set(int(r) for r in rows)) > 1:
+            raise ValueError(f"batched_layer_norm: the column layout needs every member to have the same rows, "
+                             f"got {list(rows)}")
+        self.layout = layout
         self.G = len(rows)
         R = np.asarray(rows, dtype=np.int64)
         D = np.asarray(widths, dtype=np.int64)
         self.R, self.D = R, D
         self.limit_reason = limit_reason(rows, widths)
+        if self.limit_reason is None and layout == "columns" and self.G and int(R[0]) * int(D.sum()) > MAX_MEMBER_ELEMS:
+            self.limit_reason = (f"batched_layer_norm: the column layout's ({int(R[0])}, {int(D.sum())}) matrix has "
+                                 f"more elements than the Triton kernels' int32 indexing allows ({MAX_MEMBER_ELEMS})")
 
         def excl(a):
             out = np.zeros_like(a)
@@ -480,6 +502,9 @@ class LNSignature:
             return out
 
         self.off_x, self.tot_x = excl(R * D), int((R * D).sum())
+        self.stride = D.copy()  # row stride of x / y / dy / dx per member
+        if layout == "columns":
+            self.off_x, self.stride = excl(D), np.full_like(D, int(D.sum()))
         self.off_w, self.tot_w = excl(D), int(D.sum())
         self.row_start, self.tot_rows = excl(R), int(R.sum())
         cls = np.array([width_class(int(d)) for d in D], dtype=np.int64)
@@ -517,6 +542,7 @@ class LNSignature:
         tmpl[:, COL["CLS"]] = cls
         tmpl[:, COL["P"]] = self.off_p
         tmpl[:, COL["NCH"]] = nch
+        tmpl[:, COL["S"]] = self.stride
         self.template = tmpl
         self.dims_align = {a: bool(((D % a) == 0).all()) for a in (8, 4)}
         self.max_d = int(D.max()) if self.G else 0
@@ -559,14 +585,14 @@ class LNSignature:
 _SIGS: dict = {}
 
 
-def signature(rows, widths, device) -> LNSignature:
+def signature(rows, widths, device, layout="packed") -> LNSignature:
     nsms = num_sms(device)
-    key = (tuple(rows), tuple(widths), nsms)
+    key = (tuple(rows), tuple(widths), nsms, layout)
     s = _SIGS.get(key)
     if s is None:
         if len(_SIGS) > 4096:
             _SIGS.clear()
-        s = _SIGS[key] = LNSignature(rows, widths, nsms)
+        s = _SIGS[key] = LNSignature(rows, widths, nsms, layout)
     return s
 
 
@@ -669,11 +695,16 @@ def launch_backward(sig, gtab, x, dy, dx, w, stats, dw, db, has_b, align):
             )
 
 
-def forward_packed(x, w, b, rows, widths, eps):
-    sig = signature(rows, widths, x.device)
+def _x_shape(sig):
+    """The custom ops' shape of x / y / dy / dx: 1-D when packed, (R, sum D) in columns."""
+    return (int(sig.R[0]), int(sig.tot_w)) if sig.layout == "columns" else (sig.tot_x,)
+
+
+def forward_packed(x, w, b, rows, widths, eps, layout="packed"):
+    sig = signature(rows, widths, x.device, layout)
     if past_int32_limits(sig):
-        return ref.batched_layer_norm_packed(x, w, b, rows, widths, eps)
-    y = torch.empty(sig.tot_x, dtype=x.dtype, device=x.device)
+        return ref.batched_layer_norm_layout(x, w, b, rows, widths, eps, layout)
+    y = torch.empty(_x_shape(sig), dtype=x.dtype, device=x.device)
     stats = torch.empty(2, sig.tot_rows, dtype=torch.float32, device=x.device)
     ptr_or = x.data_ptr() | y.data_ptr()
     align = alignment(sig, x.dtype, ptr_or)
@@ -681,13 +712,13 @@ def forward_packed(x, w, b, rows, widths, eps):
     return y, stats
 
 
-def backward_packed(dy, x, w, stats, rows, widths, has_b, need_dx, need_dw, need_db):
-    sig = signature(rows, widths, x.device)
+def backward_packed(dy, x, w, stats, rows, widths, has_b, need_dx, need_dw, need_db, layout="packed"):
+    sig = signature(rows, widths, x.device, layout)
     if past_int32_limits(sig):
-        return ref.batched_layer_norm_backward_packed(dy, x, w, stats, rows, widths, has_b, need_dx, need_dw,
-                                                      need_db)
+        return ref.batched_layer_norm_backward_layout(dy, x, w, stats, rows, widths, has_b, need_dx, need_dw,
+                                                      need_db, layout)
     dev = x.device
-    dx = torch.empty(sig.tot_x if need_dx else 0, dtype=x.dtype, device=dev)
+    dx = torch.empty(_x_shape(sig) if need_dx else (0,), dtype=x.dtype, device=dev)
     pdt = w.dtype if w is not None else x.dtype
     # dW is accumulated whenever there is a weight (it is needed for dx anyway); dropped if unused
     dw = torch.empty(sig.tot_w if w is not None else 0, dtype=pdt, device=dev)

@@ -56,27 +56,61 @@ def _check_packed(fn, name, t, numel, dtype, device):
         raise ValueError(f"{fn}: packed {name} is not contiguous")
 
 
-def _check_gl_packed(x, w, b, ms, ks, ns):
+def _check_columns(fn, name, t, rows, widths, dtype, device):
+    """The column layout's operand: one contiguous (rows[0], sum widths) matrix, every member
+    with the same rows."""
+    if len(set(rows)) > 1:
+        raise ValueError(f"{fn}: the column layout needs every member to have the same rows, got {list(rows)}")
+    shape = (rows[0], sum(widths))
+    if t.dim() != 2:
+        raise ValueError(f"{fn}: {name} in the column layout must be 2-D {shape}, got shape {tuple(t.shape)}")
+    torch._check(t.shape[0] == shape[0] and t.shape[1] == shape[1],
+                 lambda: f"{fn}: {name} has shape {tuple(t.shape)} but the shape lists need {shape}")
+    if t.dtype != dtype:
+        raise TypeError(f"{fn}: {name} has dtype {t.dtype}, expected {dtype}")
+    if t.device != device:
+        raise ValueError(f"{fn}: {name} is on {t.device}, expected {device}")
+
+
+def _dense(t: Optional[Tensor], layout: str) -> Optional[Tensor]:
+    """A column-layout operand as the kernels read it: row-major (a copy only where it is not)."""
+    return t.contiguous() if (t is not None and layout == "columns") else t
+
+
+def _check_layout(fn, layout):
+    if layout not in ("packed", "columns"):
+        raise ValueError(f"{fn}: layout must be 'packed' or 'columns', got {layout!r}")
+
+
+def _check_gl_packed(x, w, b, ms, ks, ns, layout="packed"):
     fn = "optimus::grouped_linear"
     if not (len(ms) == len(ks) == len(ns)) or len(ms) == 0:
         raise ValueError(f"{fn}: ms, ks, ns must be non-empty and of equal length, got "
                          f"{len(ms)}, {len(ks)}, {len(ns)}")
     if x.dtype not in _ALLOWED_DTYPES:
         raise TypeError(f"{fn}: unsupported dtype {x.dtype}")
-    _check_packed(fn, "x", x, sum(m * k for m, k in zip(ms, ks)), x.dtype, x.device)
+    _check_layout(fn, layout)
+    if layout == "columns":
+        _check_columns(fn, "x", x, ms, ks, x.dtype, x.device)
+    else:
+        _check_packed(fn, "x", x, sum(m * k for m, k in zip(ms, ks)), x.dtype, x.device)
     _check_packed(fn, "w", w, sum(n * k for n, k in zip(ns, ks)), x.dtype, x.device)
     if b is not None:
         _check_packed(fn, "b", b, sum(ns), x.dtype, x.device)
 
 
-def _check_ln_packed(x, w, b, rows, widths):
+def _check_ln_packed(x, w, b, rows, widths, layout="packed"):
     fn = "optimus::batched_layer_norm"
     if len(rows) != len(widths) or len(rows) == 0:
         raise ValueError(f"{fn}: rows and widths must be non-empty and of equal length, got "
                          f"{len(rows)}, {len(widths)}")
     if x.dtype not in _ALLOWED_DTYPES:
         raise TypeError(f"{fn}: unsupported dtype {x.dtype}")
-    _check_packed(fn, "x", x, sum(r * d for r, d in zip(rows, widths)), x.dtype, x.device)
+    _check_layout(fn, layout)
+    if layout == "columns":
+        _check_columns(fn, "x", x, rows, widths, x.dtype, x.device)
+    else:
+        _check_packed(fn, "x", x, sum(r * d for r, d in zip(rows, widths)), x.dtype, x.device)
     for name, p in (("w", w), ("b", b)):
         if p is not None:
             _check_packed(fn, name, p, sum(widths), x.dtype, x.device)
@@ -100,114 +134,122 @@ def _register_ops():
     # ---------------- grouped linear ----------------
     @torch.library.custom_op("optimus::grouped_linear", mutates_args=())
     def grouped_linear_op(x: Tensor, w: Tensor, b: Optional[Tensor], ms: List[int], ks: List[int],
-                          ns: List[int], activation: str) -> Tuple[Tensor, Tensor]:
+                          ns: List[int], activation: str, layout: str = "packed") -> Tuple[Tensor, Tensor]:
         act = activation_code(activation)
-        _check_gl_packed(x, w, b, ms, ks, ns)
+        _check_gl_packed(x, w, b, ms, ks, ns, layout)
+        x = _dense(x, layout)
         if _triton_ok(x):
-            return _glk().forward_packed(x, w, b, list(ms), list(ks), list(ns), act)
-        return ref.grouped_linear_packed(x, w, b, ms, ks, ns, act)
+            return _glk().forward_packed(x, w, b, list(ms), list(ks), list(ns), act, layout)
+        return ref.grouped_linear_layout(x, w, b, ms, ks, ns, act, layout)
 
     @grouped_linear_op.register_fake
-    def _(x, w, b, ms, ks, ns, activation):
+    def _(x, w, b, ms, ks, ns, activation, layout="packed"):
         act = activation_code(activation)
-        _check_gl_packed(x, w, b, ms, ks, ns)
-        tot_y = sum(m * n for m, n in zip(ms, ns))
-        return x.new_empty(tot_y), x.new_empty(tot_y if act in NEEDS_PREACT else 0)
+        _check_gl_packed(x, w, b, ms, ks, ns, layout)
+        y_shape = (ms[0], sum(ns)) if layout == "columns" else (sum(m * n for m, n in zip(ms, ns)),)
+        return x.new_empty(y_shape), x.new_empty(y_shape if act in NEEDS_PREACT else (0,))
 
     @torch.library.custom_op("optimus::grouped_linear_backward", mutates_args=())
     def grouped_linear_backward_op(dy: Tensor, x: Tensor, w: Tensor, aux: Optional[Tensor], ms: List[int],
                                    ks: List[int], ns: List[int], activation: str, has_bias: bool,
-                                   need_dx: bool, need_dw: bool, need_db: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                                   need_dx: bool, need_dw: bool, need_db: bool,
+                                   layout: str = "packed") -> Tuple[Tensor, Tensor, Tensor]:
         act = activation_code(activation)
+        x, aux = _dense(x, layout), _dense(aux, layout)
         if _triton_ok(x):
             return _glk().backward_packed(dy.contiguous(), x, w, aux, list(ms), list(ks), list(ns), act,
-                                          has_bias, need_dx, need_dw, need_db)
-        return ref.grouped_linear_backward_packed(dy, x, w, aux, ms, ks, ns, act, has_bias,
-                                                  need_dx, need_dw, need_db)
+                                          has_bias, need_dx, need_dw, need_db, layout)
+        return ref.grouped_linear_backward_layout(dy, x, w, aux, ms, ks, ns, act, has_bias,
+                                                  need_dx, need_dw, need_db, layout)
 
     @grouped_linear_backward_op.register_fake
-    def _(dy, x, w, aux, ms, ks, ns, activation, has_bias, need_dx, need_dw, need_db):
-        tx = sum(m * k for m, k in zip(ms, ks))
+    def _(dy, x, w, aux, ms, ks, ns, activation, has_bias, need_dx, need_dw, need_db, layout="packed"):
+        x_shape = (ms[0], sum(ks)) if layout == "columns" else (sum(m * k for m, k in zip(ms, ks)),)
         tw = sum(n * k for n, k in zip(ns, ks))
         tb = sum(ns)
-        return (x.new_empty(tx if need_dx else 0), w.new_empty(tw if need_dw else 0),
+        return (x.new_empty(x_shape if need_dx else (0,)), w.new_empty(tw if need_dw else 0),
                 w.new_empty(tb if (need_db and has_bias) else 0))
 
     def gl_setup(ctx, inputs, output):
-        x, w, b, ms, ks, ns, activation = inputs
+        x, w, b, ms, ks, ns, activation = inputs[:7]
+        layout = inputs[7] if len(inputs) > 7 else "packed"
         y, pre = output
         act = activation_code(activation)
         aux = pre if act in NEEDS_PREACT else (y if act in USES_OUTPUT else None)
         ctx.save_for_backward(x, w, aux)
-        ctx.gl_meta = (list(ms), list(ks), list(ns), act, b is not None)
+        ctx.gl_meta = (list(ms), list(ks), list(ns), act, b is not None, layout)
         ctx.mark_non_differentiable(pre)
 
     def gl_backward(ctx, gy, gpre):
         x, w, aux = ctx.saved_tensors
-        ms, ks, ns, act, has_bias = ctx.gl_meta
+        ms, ks, ns, act, has_bias, layout = ctx.gl_meta
         need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
         if gy is None:
-            return None, None, None, None, None, None, None
+            return None, None, None, None, None, None, None, None
         dx, dw, db = torch.ops.optimus.grouped_linear_backward(
             gy.contiguous(), x, w, aux, ms, ks, ns, act, has_bias, bool(need_dx), bool(need_dw),
-            bool(need_db and has_bias))
+            bool(need_db and has_bias), layout)
         return (dx if need_dx else None, dw if need_dw else None, db if (need_db and has_bias) else None,
-                None, None, None, None)
+                None, None, None, None, None)
 
     grouped_linear_op.register_autograd(gl_backward, setup_context=gl_setup)
 
     # ---------------- batched layer norm ----------------
     @torch.library.custom_op("optimus::batched_layer_norm", mutates_args=())
     def batched_layer_norm_op(x: Tensor, w: Optional[Tensor], b: Optional[Tensor], rows: List[int],
-                              widths: List[int], eps: float) -> Tuple[Tensor, Tensor]:
-        _check_ln_packed(x, w, b, rows, widths)
+                              widths: List[int], eps: float, layout: str = "packed") -> Tuple[Tensor, Tensor]:
+        _check_ln_packed(x, w, b, rows, widths, layout)
+        x = _dense(x, layout)
         if _triton_ok(x):
-            return _lnk().forward_packed(x, w, b, list(rows), list(widths), eps)
-        return ref.batched_layer_norm_packed(x, w, b, rows, widths, eps)
+            return _lnk().forward_packed(x, w, b, list(rows), list(widths), eps, layout)
+        return ref.batched_layer_norm_layout(x, w, b, rows, widths, eps, layout)
 
     @batched_layer_norm_op.register_fake
-    def _(x, w, b, rows, widths, eps):
-        _check_ln_packed(x, w, b, rows, widths)
-        return x.new_empty(sum(r * d for r, d in zip(rows, widths))), \
-            x.new_empty(2, sum(rows), dtype=torch.float32)
+    def _(x, w, b, rows, widths, eps, layout="packed"):
+        _check_ln_packed(x, w, b, rows, widths, layout)
+        y_shape = (rows[0], sum(widths)) if layout == "columns" else (sum(r * d for r, d in zip(rows, widths)),)
+        return x.new_empty(y_shape), x.new_empty(2, sum(rows), dtype=torch.float32)
 
     @torch.library.custom_op("optimus::batched_layer_norm_backward", mutates_args=())
     def batched_layer_norm_backward_op(dy: Tensor, x: Tensor, w: Optional[Tensor], stats: Tensor,
                                        rows: List[int], widths: List[int], has_bias: bool, need_dx: bool,
-                                       need_dw: bool, need_db: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                                       need_dw: bool, need_db: bool,
+                                       layout: str = "packed") -> Tuple[Tensor, Tensor, Tensor]:
+        x = _dense(x, layout)
         if _triton_ok(x):
             return _lnk().backward_packed(dy.contiguous(), x, w, stats, list(rows), list(widths), has_bias,
-                                          need_dx, need_dw, need_db)
-        return ref.batched_layer_norm_backward_packed(dy, x, w, stats, rows, widths, has_bias,
-                                                      need_dx, need_dw, need_db)
+                                          need_dx, need_dw, need_db, layout)
+        return ref.batched_layer_norm_backward_layout(dy, x, w, stats, rows, widths, has_bias,
+                                                      need_dx, need_dw, need_db, layout)
 
     @batched_layer_norm_backward_op.register_fake
-    def _(dy, x, w, stats, rows, widths, has_bias, need_dx, need_dw, need_db):
-        tx = sum(r * d for r, d in zip(rows, widths))
+    def _(dy, x, w, stats, rows, widths, has_bias, need_dx, need_dw, need_db, layout="packed"):
+        x_shape = (rows[0], sum(widths)) if layout == "columns" else (sum(r * d for r, d in zip(rows, widths)),)
         tw = sum(widths)
         pdt = w.dtype if w is not None else x.dtype
-        return (x.new_empty(tx if need_dx else 0),
+        return (x.new_empty(x_shape if need_dx else (0,)),
                 x.new_empty(tw if (need_dw and w is not None) else 0, dtype=pdt),
                 x.new_empty(tw if (need_db and has_bias) else 0, dtype=pdt))
 
     def ln_setup(ctx, inputs, output):
-        x, w, b, rows, widths, eps = inputs
+        x, w, b, rows, widths, eps = inputs[:6]
+        layout = inputs[6] if len(inputs) > 6 else "packed"
         y, stats = output
         ctx.save_for_backward(x, w, stats)
-        ctx.ln_meta = (list(rows), list(widths), b is not None)
+        ctx.ln_meta = (list(rows), list(widths), b is not None, layout)
         ctx.mark_non_differentiable(stats)
 
     def ln_backward(ctx, gy, gstats):
         x, w, stats = ctx.saved_tensors
-        rows, widths, has_bias = ctx.ln_meta
+        rows, widths, has_bias, layout = ctx.ln_meta
         need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
         if gy is None:
-            return None, None, None, None, None, None
+            return None, None, None, None, None, None, None
         dx, dw, db = torch.ops.optimus.batched_layer_norm_backward(
             gy.contiguous(), x, w, stats, rows, widths, has_bias, bool(need_dx),
-            bool(need_dw and w is not None), bool(need_db and has_bias))
+            bool(need_dw and w is not None), bool(need_db and has_bias), layout)
         return (dx if need_dx else None, dw if (need_dw and w is not None) else None,
-                db if (need_db and has_bias) else None, None, None, None)
+                db if (need_db and has_bias) else None, None, None, None, None)
 
     batched_layer_norm_op.register_autograd(ln_backward, setup_context=ln_setup)
 

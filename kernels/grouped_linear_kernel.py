@@ -92,9 +92,11 @@ C_DY = tl.constexpr(8)   # dy offset
 C_DX = tl.constexpr(9)   # dx offset
 C_DW = tl.constexpr(10)  # dW offset (into the fp32 workspace)
 C_DB = tl.constexpr(11)  # db offset (into the fp32 workspace)
+C_XS = tl.constexpr(12)  # row stride of x and dx (K when packed, sum K in the column layout)
+C_YS = tl.constexpr(13)  # row stride of y, z, dy and aux (N when packed, sum N in the column layout)
 NCOL_C = tl.constexpr(NCOL)
 # python-side column indices
-COL = dict(M=0, N=1, K=2, X=3, W=4, B=5, Y=6, Z=7, DY=8, DX=9, DW=10, DB=11)
+COL = dict(M=0, N=1, K=2, X=3, W=4, B=5, Y=6, Z=7, DY=8, DX=9, DW=10, DB=11, XS=12, YS=13)
 
 _INTERPRET = interpret_mode()
 
@@ -191,9 +193,13 @@ def _gl_fwd_kernel(
             x_off = tl.load(row + C_X)
             w_off = tl.load(row + C_W)
             y_off = tl.load(row + C_Y)
+            XS = tl.load(row + C_XS)
+            YS = tl.load(row + C_YS)
             if ALIGN > 1:
                 K = tl.multiple_of(K, ALIGN)
                 Nn = tl.multiple_of(Nn, ALIGN)
+                XS = tl.multiple_of(XS, ALIGN)
+                YS = tl.multiple_of(YS, ALIGN)
                 x_off = tl.multiple_of(x_off, ALIGN)
                 w_off = tl.multiple_of(w_off, ALIGN)
                 y_off = tl.multiple_of(y_off, ALIGN)
@@ -205,7 +211,7 @@ def _gl_fwd_kernel(
             offs_k = tl.arange(0, BLOCK_K)
             mask_m = offs_m < M
             mask_n = offs_n < Nn
-            a_ptrs = x_ptr + x_off + (offs_m[:, None] * K + offs_k[None, :])
+            a_ptrs = x_ptr + x_off + (offs_m[:, None] * XS + offs_k[None, :])
             b_ptrs = w_ptr + w_off + (offs_n[None, :] * K + offs_k[:, None])
             acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
             for kk in range(0, (K + BLOCK_K - 1) // BLOCK_K):
@@ -222,7 +228,7 @@ def _gl_fwd_kernel(
                 b_off = tl.load(row + C_B)
                 bias = tl.load(b_ptr + b_off + offs_n, mask=mask_n, other=0.0)
                 acc += bias.to(tl.float32)[None, :]
-            out_idx = offs_m[:, None] * Nn + offs_n[None, :]
+            out_idx = offs_m[:, None] * YS + offs_n[None, :]
             out_mask = mask_m[:, None] & mask_n[None, :]
             if STORE_Z:
                 z_off = tl.load(row + C_Z)
@@ -265,9 +271,13 @@ def _gl_dx_kernel(
             aux_off = tl.load(row + C_Z)
             w_off = tl.load(row + C_W)
             dx_off = tl.load(row + C_DX)
+            XS = tl.load(row + C_XS)
+            YS = tl.load(row + C_YS)
             if ALIGN > 1:
                 N = tl.multiple_of(N, ALIGN)
                 Kk = tl.multiple_of(Kk, ALIGN)
+                XS = tl.multiple_of(XS, ALIGN)
+                YS = tl.multiple_of(YS, ALIGN)
                 dy_off = tl.multiple_of(dy_off, ALIGN)
                 aux_off = tl.multiple_of(aux_off, ALIGN)
                 w_off = tl.multiple_of(w_off, ALIGN)
@@ -280,7 +290,7 @@ def _gl_dx_kernel(
             offs_r = tl.arange(0, BLOCK_K)
             mask_m = offs_m < M
             mask_c = offs_c < Kk
-            g_idx = offs_m[:, None] * N + offs_r[None, :]
+            g_idx = offs_m[:, None] * YS + offs_r[None, :]
             g_ptrs = dy_ptr + dy_off + g_idx
             aux_ptrs = aux_ptr + aux_off + g_idx
             w_ptrs = w_ptr + w_off + (offs_r[:, None] * Kk + offs_c[None, :])
@@ -300,7 +310,7 @@ def _gl_dx_kernel(
                 g_ptrs += BLOCK_K
                 aux_ptrs += BLOCK_K
                 w_ptrs += BLOCK_K * Kk
-            out_idx = offs_m[:, None] * Kk + offs_c[None, :]
+            out_idx = offs_m[:, None] * XS + offs_c[None, :]
             tl.store(dx_ptr + dx_off + out_idx, acc.to(dx_ptr.dtype.element_ty),
                      mask=mask_m[:, None] & mask_c[None, :])
             tile += nprog
@@ -340,9 +350,13 @@ def _gl_dw_kernel(
             aux_off = tl.load(row + C_Z)
             x_off = tl.load(row + C_X)
             dw_off = tl.load(row + C_DW)
+            XS = tl.load(row + C_XS)
+            YS = tl.load(row + C_YS)
             if ALIGN > 1:
                 Nn = tl.multiple_of(Nn, ALIGN)
                 Kk = tl.multiple_of(Kk, ALIGN)
+                XS = tl.multiple_of(XS, ALIGN)
+                YS = tl.multiple_of(YS, ALIGN)
                 dy_off = tl.multiple_of(dy_off, ALIGN)
                 aux_off = tl.multiple_of(aux_off, ALIGN)
                 x_off = tl.multiple_of(x_off, ALIGN)
@@ -358,10 +372,10 @@ def _gl_dw_kernel(
             offs_r = tl.arange(0, BLOCK_K)
             mask_n = offs_n < Nn
             mask_k = offs_k < Kk
-            g_idx = (r0 + offs_r)[:, None] * Nn + offs_n[None, :]
+            g_idx = (r0 + offs_r)[:, None] * YS + offs_n[None, :]
             g_ptrs = dy_ptr + dy_off + g_idx
             aux_ptrs = aux_ptr + aux_off + g_idx
-            x_ptrs = x_ptr + x_off + ((r0 + offs_r)[:, None] * Kk + offs_k[None, :])
+            x_ptrs = x_ptr + x_off + ((r0 + offs_r)[:, None] * XS + offs_k[None, :])
             acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
             db_acc = tl.full((BLOCK_M,), 0.0, tl.float32)
             do_db = tj == 0
@@ -386,9 +400,9 @@ def _gl_dw_kernel(
                     acc = tl.dot(tl.trans(g.to(tl.float32)), xt.to(tl.float32), acc, input_precision="ieee")
                 else:
                     acc = tl.dot(tl.trans(g), xt, acc)
-                g_ptrs += BLOCK_K * Nn
-                aux_ptrs += BLOCK_K * Nn
-                x_ptrs += BLOCK_K * Kk
+                g_ptrs += BLOCK_K * YS
+                aux_ptrs += BLOCK_K * YS
+                x_ptrs += BLOCK_K * XS
             out_idx = offs_n[:, None] * Kk + offs_k[None, :]
             tl.atomic_add(ws_ptr + dw_off + out_idx, acc, mask=mask_n[:, None] & mask_k[None, :],
                           sem="relaxed")
@@ -535,18 +549,45 @@ def limit_reason(ms: Sequence[int], ks: Sequence[int], ns: Sequence[int]) -> Opt
     return None
 
 
+def _columns_limit_reason(ms: Sequence[int], ks: Sequence[int], ns: Sequence[int]) -> Optional[str]:
+    """In the column layout a member's rows are ``sum K`` (x) and ``sum N`` (y) apart, so the
+    whole (M, sum K) and (M, sum N) operands must fit the int32 indexing."""
+    m = int(ms[0]) if len(ms) else 0
+    for name, width in (("x", sum(int(k) for k in ks)), ("y", sum(int(n) for n in ns))):
+        if m * width > MAX_MEMBER_ELEMS or width > MAX_DIM:
+            return (f"grouped_linear: the column layout's {name} is ({m}, {width}), more than the Triton "
+                    f"kernels' int32 indexing allows ({MAX_MEMBER_ELEMS} elements)")
+    return None
+
+
+LAYOUTS = ("packed", "columns")
+
+
 class GLSignature:
-    """Everything about a group that depends only on the shapes (cached per shape tuple).
+    """Everything about a group that depends only on the shapes and the layout (cached per
+    shape tuple and layout).
+
+    ``layout``: ``"packed"``, every member's x, y (and dx, dy) flattened and concatenated, a
+    member's rows K (x) and N (y) apart; or ``"columns"``, every member has the same M rows and
+    x is one (M, sum K) matrix, member g reading columns [sum K_<g, sum K_<=g), y one
+    (M, sum N) matrix in the same way (what ``torch.cat(ys, dim=1)`` would be). W, b and the
+    dW / db workspace are packed in both.
 
     ``limit_reason``: None, or why the group must not be launched (see ``MAX_MEMBER_ELEMS``)."""
 
-    def __init__(self, ms, ks, ns):
+    def __init__(self, ms, ks, ns, layout="packed"):
+        if layout not in LAYOUTS:
+            raise ValueError(f"grouped_linear: layout must be one of {LAYOUTS}, got {layout!r}")
+        if layout == "columns" and len(set(int(m) for m in ms)) > 1:
+            raise ValueError(f"grouped_linear: the column layout needs every member to have the same rows, got {list(ms)}")
+        self.layout = layout
         self.G = len(ms)
         self.ms = np.asarray(ms, dtype=np.int64)
         self.ks = np.asarray(ks, dtype=np.int64)
         self.ns = np.asarray(ns, dtype=np.int64)
         ms_, ks_, ns_ = self.ms, self.ks, self.ns
-        self.limit_reason = limit_reason(ms, ks, ns)
+        self.limit_reason = limit_reason(ms, ks, ns) or (
+            _columns_limit_reason(ms, ks, ns) if layout == "columns" else None)
 
         def excl(a):
             out = np.zeros_like(a)
@@ -558,6 +599,12 @@ class GLSignature:
         self.off_w, self.tot_w = excl(ns_ * ks_), int((ns_ * ks_).sum())
         self.off_b, self.tot_b = excl(ns_), int(ns_.sum())
         self.off_y, self.tot_y = excl(ms_ * ns_), int((ms_ * ns_).sum())
+        # row strides of x / y per member (packed: each member's own K / N)
+        self.xs, self.ys = ks_.copy(), ns_.copy()
+        if layout == "columns":
+            self.off_x, self.off_y = excl(ks_), excl(ns_)
+            self.xs = np.full_like(ks_, int(ks_.sum()))
+            self.ys = np.full_like(ns_, int(ns_.sum()))
         # processing orders: longest reduction first
         self.orders = (
             np.argsort(-ks_, kind="stable"),   # forward: reduction over K
@@ -568,6 +615,8 @@ class GLSignature:
         tmpl[:, COL["M"]] = ms_
         tmpl[:, COL["N"]] = ns_
         tmpl[:, COL["K"]] = ks_
+        tmpl[:, COL["XS"]] = self.xs
+        tmpl[:, COL["YS"]] = self.ys
         self.template = tmpl
         self.key = (
             self.G,
@@ -576,7 +625,7 @@ class GLSignature:
             max(16, next_pow2(int(ks_.max()) if self.G else 1)),
         )
         self.dims_align = {}
-        for a in (8, 4):
+        for a in (8, 4):  # the strides are sums of the dims: aligned when the dims are
             self.dims_align[a] = bool(((ks_ % a) == 0).all() and ((ns_ % a) == 0).all())
         self._tiles = {}
         self._packed = {}
@@ -645,13 +694,13 @@ class GLSignature:
 _SIGS: dict = {}
 
 
-def signature(ms, ks, ns) -> GLSignature:
-    key = (tuple(ms), tuple(ks), tuple(ns))
+def signature(ms, ks, ns, layout="packed") -> GLSignature:
+    key = (tuple(ms), tuple(ks), tuple(ns), layout)
     s = _SIGS.get(key)
     if s is None:
         if len(_SIGS) > 4096:
             _SIGS.clear()
-        s = _SIGS[key] = GLSignature(ms, ks, ns)
+        s = _SIGS[key] = GLSignature(ms, ks, ns, layout)
     return s
 
 
@@ -779,28 +828,35 @@ def launch_dw(sig, tab, dy, aux, x, ws, has_bias, act, align):
 # ---------------------------------------------------------------------------------------------
 # packed convention (used by the custom ops)
 # ---------------------------------------------------------------------------------------------
-def forward_packed(x, w, b, ms, ks, ns, act):
-    sig = signature(ms, ks, ns)
+def _operand_shape(sig, which):
+    """The custom ops' shape of x / y: 1-D when packed, (M, sum K) / (M, sum N) in columns."""
+    if sig.layout == "columns":
+        return (int(sig.ms[0]), int(sig.xs[0]) if which == "x" else int(sig.ys[0]))
+    return (sig.tot_x if which == "x" else sig.tot_y,)
+
+
+def forward_packed(x, w, b, ms, ks, ns, act, layout="packed"):
+    sig = signature(ms, ks, ns, layout)
     if past_int32_limits(sig):
-        return ref.grouped_linear_packed(x, w, b, ms, ks, ns, act)
+        return ref.grouped_linear_layout(x, w, b, ms, ks, ns, act, layout)
     tabs = sig.packed_tables(x.device)
-    y = torch.empty(sig.tot_y, dtype=x.dtype, device=x.device)
-    z = torch.empty(sig.tot_y if act in NEEDS_PREACT else 0, dtype=x.dtype, device=x.device)
+    y = torch.empty(_operand_shape(sig, "y"), dtype=x.dtype, device=x.device)
+    z = torch.empty(_operand_shape(sig, "y") if act in NEEDS_PREACT else (0,), dtype=x.dtype, device=x.device)
     ptrs = [x.data_ptr(), w.data_ptr(), y.data_ptr()] + ([b.data_ptr()] if b is not None else [])
     align = alignment(sig, x.dtype, ptrs + ([z.data_ptr()] if z.numel() else []))
     launch_forward(sig, tabs[0], x, w, b, y, z if act in NEEDS_PREACT else None, act, align)
     return y, z
 
 
-def backward_packed(dy, x, w, aux, ms, ks, ns, act, has_bias, need_dx, need_dw, need_db):
-    sig = signature(ms, ks, ns)
+def backward_packed(dy, x, w, aux, ms, ks, ns, act, has_bias, need_dx, need_dw, need_db, layout="packed"):
+    sig = signature(ms, ks, ns, layout)
     if past_int32_limits(sig):
-        return ref.grouped_linear_backward_packed(dy, x, w, aux, ms, ks, ns, act, has_bias, need_dx, need_dw,
-                                                  need_db)
+        return ref.grouped_linear_backward_layout(dy, x, w, aux, ms, ks, ns, act, has_bias, need_dx, need_dw,
+                                                  need_db, layout)
     dev = x.device
     tabs = sig.packed_tables(dev)
     ptrs = [dy.data_ptr(), x.data_ptr(), w.data_ptr()] + ([aux.data_ptr()] if aux is not None else [])
-    dx = torch.empty(sig.tot_x if need_dx else 0, dtype=x.dtype, device=dev)
+    dx = torch.empty(_operand_shape(sig, "x") if need_dx else (0,), dtype=x.dtype, device=dev)
     align = alignment(sig, x.dtype, ptrs + ([dx.data_ptr()] if need_dx else []))
     if need_dx:
         launch_dx(sig, tabs[1], dy, aux, w, dx, act, align)

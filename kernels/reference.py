@@ -191,3 +191,54 @@ def batched_layer_norm_backward_packed(dy, x, w, stats, rows, widths, has_bias, 
     dw = torch.cat(dws) if dws else x.new_empty(tw if (need_dw and w is not None) else 0, dtype=pdt)
     db = torch.cat(dbs) if dbs else x.new_empty(tw if (need_db and has_bias) else 0, dtype=pdt)
     return dx, dw, db
+
+
+# ------------------------------------------------------------------------------------------------
+# the column layout: members side by side in one (rows, sum widths) matrix
+# ------------------------------------------------------------------------------------------------
+def columns_to_packed(t: torch.Tensor, widths: Sequence[int]) -> torch.Tensor:
+    """(R, sum widths) -> the packed 1-D buffer of its column blocks (an empty t stays empty)."""
+    if t.numel() == 0:
+        return t.reshape(-1)
+    return torch.cat([c.reshape(-1) for c in t.split(list(widths), 1)])
+
+
+def packed_to_columns(t: torch.Tensor, rows: int, widths: Sequence[int]) -> torch.Tensor:
+    """The packed 1-D buffer of R-row members -> their (R, sum widths) side-by-side matrix."""
+    if t.numel() == 0:
+        return t
+    return torch.cat([p.view(rows, w) for p, w in zip(t.split([rows * w for w in widths]), widths)], 1)
+
+
+def grouped_linear_layout(x, w, b, ms, ks, ns, act, layout):
+    """``grouped_linear_packed`` in either layout (``"columns"``: x (M, sum K) -> y (M, sum N))."""
+    if layout == "packed":
+        return grouped_linear_packed(x, w, b, ms, ks, ns, act)
+    m = ms[0]
+    y, z = grouped_linear_packed(columns_to_packed(x, ks), w, b, ms, ks, ns, act)
+    return packed_to_columns(y, m, ns), packed_to_columns(z, m, ns)
+
+
+def grouped_linear_backward_layout(dy, x, w, aux, ms, ks, ns, act, has_bias, need_dx, need_dw, need_db, layout):
+    if layout == "packed":
+        return grouped_linear_backward_packed(dy, x, w, aux, ms, ks, ns, act, has_bias, need_dx, need_dw, need_db)
+    m = ms[0]
+    dx, dw, db = grouped_linear_backward_packed(
+        columns_to_packed(dy, ns), columns_to_packed(x, ks), w,
+        columns_to_packed(aux, ns) if aux is not None else None, ms, ks, ns, act, has_bias, need_dx, need_dw, need_db)
+    return packed_to_columns(dx, m, ks), dw, db
+
+
+def batched_layer_norm_layout(x, w, b, rows, widths, eps, layout):
+    if layout == "packed":
+        return batched_layer_norm_packed(x, w, b, rows, widths, eps)
+    y, stats = batched_layer_norm_packed(columns_to_packed(x, widths), w, b, rows, widths, eps)
+    return packed_to_columns(y, rows[0], widths), stats
+
+
+def batched_layer_norm_backward_layout(dy, x, w, stats, rows, widths, has_bias, need_dx, need_dw, need_db, layout):
+    if layout == "packed":
+        return batched_layer_norm_backward_packed(dy, x, w, stats, rows, widths, has_bias, need_dx, need_dw, need_db)
+    dx, dw, db = batched_layer_norm_backward_packed(columns_to_packed(dy, widths), columns_to_packed(x, widths), w,
+                                                    stats, rows, widths, has_bias, need_dx, need_dw, need_db)
+    return packed_to_columns(dx, rows[0], widths), dw, db

@@ -52,7 +52,7 @@ import torch.fx as fx
 from .. import kernels  # noqa: F401  (importing registers the optimus:: custom ops)
 from ..core.group import Group, group_rule
 from ..core.rule import Builder
-from ..core.view import GraphView, is_int
+from ..core.view import GraphView, is_int, num_outputs
 from ..core.vocab import Call, ParamRef, register_extern_op
 from ._facts import kernel_op_device_problem
 from .horizontal import long_reduction
@@ -159,25 +159,88 @@ def _check_profitable(g: Group, kernels_before: int, operand_lists: Sequence[Seq
         g.decline(f"not profitable: would pack {size} bytes (> max_pack_bytes={limit})")
 
 
+def _columns_of(view: GraphView, xs: Sequence[Any]) -> tuple[fx.Node, list[int]] | None:
+    """``(x, order)`` when the members' inputs are the chunks of one ``split(x, sizes, -1)``,
+    every chunk read by exactly one member (member ``order[j]`` reads chunk ``j``): the column
+    layout then reads ``x`` where it lies, with no pack. ``None`` otherwise."""
+    split, chunk_of = None, {}
+    for i, v in enumerate(xs):
+        call = view.classify(v) if isinstance(v, fx.Node) else None
+        if call is None or call.op != "getitem" or not is_int(call.args["index"]):
+            return None
+        src = call.input
+        if split is None:
+            sc = view.classify(src) if isinstance(src, fx.Node) else None
+            rank = view.rank(sc.input) if sc is not None else None
+            if sc is None or sc.op != "split" or rank is None or sc.args["dim"] != rank - 1:
+                return None
+            if not isinstance(sc.args["sizes"], list) or not all(is_int(z) for z in sc.args["sizes"]):
+                return None
+            split = src
+        elif src is not split:
+            return None
+        chunk_of[int(call.args["index"])] = i
+    if split is None or len(chunk_of) != len(xs) or sorted(chunk_of) != list(range(num_outputs(view, split) or -1)):
+        return None
+    base = view.classify(split).input
+    if _static_shape(view, base) is None:
+        return None
+    return base, [chunk_of[j] for j in range(len(xs))]
+
+
+def _escapes(nodes: Sequence[fx.Node]) -> bool:
+    """Some node is a graph output (the column layout's results are strided views: an output
+    must keep the strides eager gives it)."""
+    return any(u.op == "output" for n in nodes for u in n.users)
+
+
 def _packed_copies(view: GraphView, operand_lists: Sequence[Sequence[Any] | None]) -> list[list[Any]]:
     """The operand lists a pack copies (a rule's ``copies``, for the planner's memory estimate)."""
     return [list(vs) for vs in operand_lists if vs is not None and not _pack_is_free(view, vs)]
 
 
+def _column_layout(g: Group) -> tuple[fx.Node, list[int]] | None:
+    """``_columns_of`` the group's inputs, unless a result (or the activation fused after it)
+    is a graph output."""
+    found = _columns_of(g.view, [c.input for c in g.members])
+    if found is None:
+        return None
+    users = [u for n in g.nodes for u in n.users]
+    return None if _escapes(list(g.nodes) + users) else found
+
+
+def _input_copies(g: Group) -> list[Any] | None:
+    """The members' inputs, when packing them copies (not when they lie in the column layout)."""
+    return None if _column_layout(g) is not None else [c.input for c in g.members]
+
+
+def _emit_columns(b: Builder, base: fx.Node, lead: tuple[int, ...], width: int) -> fx.Node:
+    """``base`` as the kernels' (M, width) matrix (a view of a contiguous base; the op makes
+    it contiguous where it is not)."""
+    rows = math.prod(lead)
+    return b.value(base) if len(lead) == 1 else b.reshape(b.value(base), [rows, width])
+
+
+def _unemit_columns(b: Builder, out: fx.Node, lead: tuple[int, ...], widths: Sequence[int]) -> list[fx.Node]:
+    """The members' results: column blocks of the (M, sum widths) result (strided views)."""
+    y = out if len(lead) == 1 else b.reshape(out, list(lead) + [sum(widths)])
+    return b.split(y, list(widths), len(lead)) if len(widths) > 1 else [y]
+
+
 def _linear_copies(g: Group) -> list[list[Any]]:
     bs = [c.args["bias"] for c in g.members] if g.members[0].args.get("bias") is not None else None
-    return _packed_copies(g.view, [[c.input for c in g.members], [c.args["weight"] for c in g.members], bs])
+    return _packed_copies(g.view, [_input_copies(g), [c.args["weight"] for c in g.members], bs])
 
 
 def _mm_copies(g: Group) -> list[list[Any]]:
     bs = [c.args["bias"] for c in g.members] if g.op == "addmm" else None
-    return _packed_copies(g.view, [[c.input for c in g.members], [c.args["mat2"] for c in g.members], bs])
+    return _packed_copies(g.view, [_input_copies(g), [c.args["mat2"] for c in g.members], bs])
 
 
 def _layer_norm_copies(g: Group) -> list[list[Any]]:
     a0 = g.members[0].args
     params = [[c.args[k] for c in g.members] if a0[k] is not None else None for k in ("weight", "bias")]
-    return _packed_copies(g.view, [[c.input for c in g.members]] + params)
+    return _packed_copies(g.view, [_input_copies(g)] + params)
 
 
 def _unpack(b: Builder, packed: fx.Node, shapes: Sequence[Sequence[int]]) -> list[fx.Node]:
@@ -213,19 +276,33 @@ def _shared_epilogue(g: Group) -> tuple[str | None, list[fx.Node] | None]:
 
 def _emit_grouped_linear(g: Group, b: Builder, xs: list[Any], ws_nk: list[Any], bs: list[Any] | None,
                          x_shapes: list[tuple[int, ...]], ns: list[int]) -> dict[fx.Node, fx.Node]:
-    """The grouped-linear rewrite of ``g``: ``ws_nk`` in ``F.linear``'s (N, K) layout."""
+    """The grouped-linear rewrite of ``g``: ``ws_nk`` in ``F.linear``'s (N, K) layout.
+
+    When the inputs are the chunks of one split along the last dim (``_column_layout``), the
+    op reads that split's input in place and writes the results side by side, in the column
+    layout (no pack of x; the results are the column blocks a following cat or
+    batched_layer_norm reads in place); otherwise every operand is packed."""
     act, act_nodes = _shared_epilogue(g)
+    olds = list(act_nodes if act_nodes is not None else g.nodes)
+    columns = _column_layout(g)
+    if columns is not None:
+        base, order = columns
+        xs, ws_nk, x_shapes, ns, olds = ([v[i] for i in order] for v in (xs, ws_nk, x_shapes, ns, olds))
+        bs = [bs[i] for i in order] if bs is not None else None
     ks = [s[-1] for s in x_shapes]
     ms = [math.prod(s[:-1]) for s in x_shapes]
     before = len(g.members) * (2 if act is not None else 1)
-    _check_profitable(g, before, [xs, ws_nk] + ([bs] if bs is not None else []))
-    packed_x = _pack(b, xs)
+    _check_profitable(g, before, ([] if columns is not None else [xs]) + [ws_nk] + ([bs] if bs is not None else []))
     packed_w = _pack(b, ws_nk)
     packed_b = b.cat([b.value(v) for v in bs], 0) if bs is not None and len(bs) > 1 else (b.value(bs[0]) if bs else None)
-    out = b.emit("grouped_linear", packed_x, packed_w, packed_b, ms, ks, ns, act or "none")
-    y = b.getitem(out, 0)
-    results = _unpack(b, y, [tuple(s[:-1]) + (n,) for s, n in zip(x_shapes, ns)])
-    olds = act_nodes if act_nodes is not None else g.nodes
+    if columns is not None:
+        lead = tuple(x_shapes[0][:-1])
+        x = _emit_columns(b, columns[0], lead, sum(ks))
+        out = b.emit("grouped_linear", x, packed_w, packed_b, ms, ks, ns, act or "none", "columns")
+        results = _unemit_columns(b, b.getitem(out, 0), lead, ns)
+    else:
+        out = b.emit("grouped_linear", _pack(b, xs), packed_w, packed_b, ms, ks, ns, act or "none", "packed")
+        results = _unpack(b, b.getitem(out, 0), [tuple(s[:-1]) + (n,) for s, n in zip(x_shapes, ns)])
     return dict(zip(olds, results))
 
 
@@ -391,18 +468,31 @@ def batched_layer_norm(g: Group, b: Builder) -> dict[fx.Node, fx.Node]:
     [layer_norm(x_i, (d_i,), w_i, b_i, eps)] -> unpack(optimus.batched_layer_norm(pack(x_i), pack(w_i), pack(b_i), rows, widths, eps))
     """
     a0 = g.members[0].args
+    olds = list(g.nodes)
     xs = [c.input for c in g.members]
     ws = [c.args["weight"] for c in g.members] if a0["weight"] is not None else None
     bs = [c.args["bias"] for c in g.members] if a0["bias"] is not None else None
+    columns = _column_layout(g)
+    if columns is not None:  # the inputs side by side in one matrix: read in place (see grouped_linear)
+        order = columns[1]
+        xs, olds = [xs[i] for i in order], [olds[i] for i in order]
+        ws = [ws[i] for i in order] if ws is not None else None
+        bs = [bs[i] for i in order] if bs is not None else None
     shapes = [_static_shape(g.view, x) for x in xs]
     widths = [s[-1] for s in shapes]  # type: ignore[index]
     rows = [math.prod(s[:-1]) for s in shapes]  # type: ignore[index]
-    _check_profitable(g, len(g.members), [xs] + [p for p in (ws, bs) if p is not None])
-    packed_x = _pack(b, xs)
+    _check_profitable(g, len(g.members), ([] if columns is not None else [xs]) + [p for p in (ws, bs) if p is not None])
     packed_w = _pack(b, ws) if ws is not None else None
     packed_b = _pack(b, bs) if bs is not None else None
-    out = b.emit("batched_layer_norm", packed_x, packed_w, packed_b, rows, widths, float(a0["eps"]))
-    results = _unpack(b, b.getitem(out, 0), shapes)  # type: ignore[arg-type]
-    return dict(zip(g.nodes, results))
+    eps = float(a0["eps"])
+    if columns is not None:
+        lead = tuple(shapes[0][:-1])  # type: ignore[index]
+        x = _emit_columns(b, columns[0], lead, sum(widths))
+        out = b.emit("batched_layer_norm", x, packed_w, packed_b, rows, widths, eps, "columns")
+        results = _unemit_columns(b, b.getitem(out, 0), lead, widths)
+    else:
+        out = b.emit("batched_layer_norm", _pack(b, xs), packed_w, packed_b, rows, widths, eps, "packed")
+        results = _unpack(b, b.getitem(out, 0), shapes)  # type: ignore[arg-type]
+    return dict(zip(olds, results))
 
 

@@ -79,10 +79,18 @@ def test_torch_ir_towers_become_one_grouped_linear_and_one_batched_layer_norm(in
     rows = 1
     for s in lead:
         rows *= s
-    assert gl[3:] == ([rows] * len(ins), list(ins), list(outs), "none")
+    assert gl[3:] == ([rows] * len(ins), list(ins), list(outs), "none", "columns")
     (ln,) = custom_calls(run.graphs[0], "batched_layer_norm")
-    assert ln[3:] == ([rows] * len(ins), list(outs), 1e-5)
+    assert ln[3:] == ([rows] * len(ins), list(outs), 1e-5, "columns")
     assert run.matched("grouped_linear") == 1 and run.matched("batched_layer_norm") == 1
+    # the column layout: the op reads the input where it lies, the LayerNorm reads the grouped
+    # linear's result in place, and the towers' ReLUs and cat become one ReLU of the norm's result
+    # (the four cats left pack the parameters: W, b and the norms' w, b)
+    assert ops["cat"] == 4 and ops["relu"] == 1 and ops.get("split", 0) == 0, ops
+    x = gl[0] if gl[0].op == "placeholder" else gl[0].args[0]
+    assert x.op == "placeholder", gl[0]
+    src = ln[0] if ln[0].target is not torch.ops.aten.reshape.default and ln[0].op != "call_method" else ln[0].args[0]
+    assert "getitem" in str(src.target) and src.args[0].target is torch.ops.optimus.grouped_linear.default, ln[0]
 
 
 @pytest.mark.parametrize("ins,outs,lead", SHAPES[:2])
@@ -103,8 +111,9 @@ def test_shared_activation_is_fused_into_the_epilogue(act, name):
     assert_close_tree((run.outputs, run.grads), expected, rtol=1e-4, atol=1e-5)  # another order of fp32 sums
     (gl,) = custom_calls(run.graphs[0], "grouped_linear")
     assert gl[6] == name
-    # only the towers' final relus (after the LayerNorm) are left
-    assert run.ops(0)[name] == (5 if name == "relu" else 0), run.ops(0)
+    # only the towers' final relus (after the LayerNorm) are left, as one ReLU of the norm's
+    # column-layout result (hoisted through its split)
+    assert run.ops(0)[name] == (1 if name == "relu" else 0), run.ops(0)
 
 
 def test_tanh_approximate_gelu_and_mixed_activations_are_not_fused():
@@ -130,7 +139,7 @@ def test_aten_ir_inference_graph_gets_grouped_linear():
     ops = run.ops(0)
     assert ops["addmm"] == 0 and ops["mm"] == 0, ops
     (gl,) = custom_calls(run.graphs[0], "grouped_linear")
-    assert gl[3:] == ([4] * 5, [3, 5, 7, 4, 6], [4, 6, 3, 8, 5], "relu")
+    assert gl[3:] == ([4] * 5, [3, 5, 7, 4, 6], [4, 6, 3, 8, 5], "relu", "columns")
     assert run.matched("grouped_mm") == 1
     # the weights are packed as they lie: the permute of each linear's weight was folded away
     assert ops["permute"] == 0, ops
@@ -300,6 +309,63 @@ def test_non_contiguous_inputs_are_packed_by_copy(level):
 
     run = check_level(f, xs + ws, level, grad=level == "torch_ir")
     assert run.matched("grouped_linear" if level == "torch_ir" else "grouped_mm") == 1
+
+
+# ------------------------------------------------------------------ the column layout
+def _layouts(run, name):
+    return [c[-1] for c in custom_calls(run.graphs[0], name)]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_towers_reading_the_chunks_out_of_order_still_read_the_input_in_place(level):
+    """Tower i reads chunk (i * 2) % 5: the members are put in chunk order for the call and
+    each result goes back to its own tower."""
+    torch.manual_seed(15)
+    ins, outs = (3, 5, 7, 4, 6), (4, 6, 3, 8, 5)
+    order = [0, 2, 4, 1, 3]
+    ws = [torch.randn(outs[j], ins[j]) for j in order]
+
+    def f(x, *w):
+        chunks = x.split(list(ins), -1)
+        return torch.cat([torch.relu(F.linear(chunks[j], wi)) for j, wi in zip(order, w)], -1)
+
+    run = check_level(f, [torch.randn(6, sum(ins))] + ws, level, grad=level == "torch_ir")
+    name = "grouped_linear" if level == "torch_ir" else "grouped_mm"
+    assert run.matched(name) == 1
+    (gl,) = custom_calls(run.graphs[0], "grouped_linear")
+    assert gl[4:6] == (list(ins), list(outs)) and gl[-1] == "columns", gl[3:]
+
+
+def test_results_that_are_graph_outputs_keep_the_packed_layout():
+    """A column-layout result is a strided view; a graph output keeps eager's strides, so such
+    a group packs (and returns contiguous chunks) instead."""
+    torch.manual_seed(16)
+    ins, outs = (3, 5, 7, 4, 6), (4, 6, 3, 8, 5)
+    ws = [torch.randn(n, k) for k, n in zip(ins, outs)]
+
+    def f(x, *w):
+        return tuple(F.linear(c, wi) for c, wi in zip(x.split(list(ins), -1), w))
+
+    run = check_level(f, [torch.randn(4, sum(ins))] + ws, "torch_ir")
+    assert run.matched("grouped_linear") == 1
+    assert _layouts(run, "grouped_linear") == ["packed"]
+    assert all(o.is_contiguous() for o in run.outputs)
+
+
+def test_chunks_not_all_read_by_the_group_are_packed():
+    """One chunk of the split feeds something else: the group does not cover the input, so its
+    members' inputs are packed."""
+    torch.manual_seed(17)
+    ins, outs = (3, 5, 7, 4, 6, 2), (4, 6, 3, 8, 5)
+    ws = [torch.randn(n, k) for k, n in zip(ins, outs)]
+
+    def f(x, *w):
+        chunks = x.split(list(ins), -1)
+        ys = [torch.relu(F.linear(c, wi)) for c, wi in zip(chunks, w)]
+        return torch.cat(ys + [chunks[-1] * 2], -1)
+
+    run = check_level(f, [torch.randn(4, sum(ins))] + ws, "torch_ir")
+    assert _layouts(run, "grouped_linear") == ["packed"]
 
 
 def _interpreter_problem():
