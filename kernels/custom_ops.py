@@ -23,6 +23,14 @@ torch.compile::
                             SymInt[] rows, SymInt[] widths, bool has_bias, bool need_dx,
                             bool need_dw, bool need_db) -> (Tensor dx, Tensor dw, Tensor db)
 
+Every op also takes ``str layout="packed"``. With ``layout="columns"`` every member has the same
+rows M and x, y (and dx, dy) are one (M, sum widths) matrix instead, member g in columns
+[sum_<g, sum_<=g): what ``torch.cat(..., dim=1)`` of the members would be, and what a
+``split(x, widths, -1)`` reads from. The rules use it where the members' inputs are the chunks
+of one split (towers over one input's features), so nothing is packed and the results are
+column blocks of one buffer a following cat reads in place. W, b, stats and dW / db are packed
+in both layouts.
+
 The forward ops have autograd registered (``register_autograd``) through the backward ops, and
 fake implementations, so ``torch.compile(fullgraph=True)`` traces them (Inductor treats them as
 opaque extern kernels).  Their implementation is the Triton kernels for CUDA tensors (or CPU

@@ -15,6 +15,20 @@ rewrite is::
         y = grouped_linear(cat(x_i.reshape(-1)), cat(w_i.reshape(-1)), cat(b_i), ms, ks, ns, act)[0]
         [view(chunk_i, (..., n_i)) for chunk_i in split(y, [m_i * n_i])]
 
+When the members' inputs are the chunks of one ``split(x, sizes, -1)``, each read by one member
+(per-feature towers over one input), the rules use the ops' column layout instead: the op
+reads ``x`` where it lies and writes the results side by side in one (M, sum N) buffer, whose
+column blocks are the members' results (``_column_layout``; not where a result is a graph
+output, which keeps eager's contiguous strides). A batched LayerNorm over those blocks reads
+the buffer in place the same way, and a following ``cat`` of the blocks in order is the buffer
+itself (``split_cat_to_identity``, after ``hoist_pointwise_through_split`` has moved a shared
+ReLU before the split)::
+
+    [ln_i(linear_i(split(x)[i]))] ->
+        y = grouped_linear(x, pack(w_i), pack(b_i), ..., "columns")[0]              # (M, sum N)
+        z = batched_layer_norm(y, pack(lw_i), pack(lb_i), ..., "columns")[0]        # (M, sum N)
+        [split(z, ns, -1)[i]]
+
 Levels:
 
 * Torch-IR, training and inference: the op's registered autograd gives the backward
@@ -346,6 +360,8 @@ def grouped_linear(g: Group, b: Builder) -> dict[fx.Node, fx.Node]:
     with the members' shared activation fused into its epilogue.
 
     [act(linear(x_i, w_i, b_i))] -> unpack(optimus.grouped_linear(pack(x_i), pack(w_i), pack(b_i), act))
+    [act(linear(split(x, ks, -1)[i], w_i, b_i))] -> split(optimus.grouped_linear(x, pack(w_i), pack(b_i), act, "columns"), ns, -1)
+    (the second where the inputs are every chunk of one split: read in place, results side by side)
     """
     xs = [c.input for c in g.members]
     ws = [c.args["weight"] for c in g.members]
@@ -466,6 +482,7 @@ def batched_layer_norm(g: Group, b: Builder) -> dict[fx.Node, fx.Node]:
     """Independent LayerNorms of different widths become one batched-layer-norm kernel call.
 
     [layer_norm(x_i, (d_i,), w_i, b_i, eps)] -> unpack(optimus.batched_layer_norm(pack(x_i), pack(w_i), pack(b_i), rows, widths, eps))
+    [layer_norm(split(x, ds, -1)[i], ...)] -> split(optimus.batched_layer_norm(x, ..., "columns"), ds, -1)
     """
     a0 = g.members[0].args
     olds = list(g.nodes)
