@@ -20,6 +20,10 @@ Custom ops for graph rewrites (packed convention, see :mod:`optimus.kernels.ops`
 
     torch.ops.optimus.packed_linear(x, weights, biases) -> y    (packed_ops.py: a batched linear
         reading packed parameters through a view of their buffer; see optimus.pack_parameters)
+    torch.ops.optimus.grouped_linear_params(x, weights, biases, ms, ks, ns, activation, layout)
+    torch.ops.optimus.batched_layer_norm_params(x, weights, biases, rows, widths, eps, layout)
+        (param_ops.py: the grouped ops with the parameters as lists, read in place when they
+        lie concatenated in one buffer)
 
 with helpers :func:`pack`, :func:`unpack`, :func:`grouped_linear_packed` and
 :func:`batched_layer_norm_packed`.  The forward ops carry fake implementations and registered
@@ -31,6 +35,7 @@ imports without CUDA and without Triton: the Triton modules are imported on firs
 """
 
 from . import packed_ops  # noqa: F401  (registers optimus::packed_linear)
+from . import param_ops  # noqa: F401  (registers optimus::grouped_linear_params, batched_layer_norm_params)
 from ._common import ACTIVATIONS, get_backend, set_backend, triton_available
 from .embedding_ops import grouped_embedding_bag
 from .ops import (

@@ -125,6 +125,74 @@ def _check_ln_packed(x, w, b, rows, widths, layout="packed"):
 
 
 # ------------------------------------------------------------------------------------------------
+# implementations (shared by these ops and the parameter-list ops of param_ops.py)
+# ------------------------------------------------------------------------------------------------
+def gl_forward(x, w, b, ms, ks, ns, activation, layout):
+    act = activation_code(activation)
+    _check_gl_packed(x, w, b, ms, ks, ns, layout)
+    x = _dense(x, layout)
+    if _triton_ok(x):
+        return _glk().forward_packed(x, w, b, list(ms), list(ks), list(ns), act, layout)
+    return ref.grouped_linear_layout(x, w, b, ms, ks, ns, act, layout)
+
+
+def gl_forward_fake(x, w, b, ms, ks, ns, activation, layout):
+    act = activation_code(activation)
+    _check_gl_packed(x, w, b, ms, ks, ns, layout)
+    y_shape = (ms[0], sum(ns)) if layout == "columns" else (sum(m * n for m, n in zip(ms, ns)),)
+    return x.new_empty(y_shape), x.new_empty(y_shape if act in NEEDS_PREACT else (0,))
+
+
+def gl_backward(dy, x, w, aux, ms, ks, ns, activation, has_bias, need_dx, need_dw, need_db, layout):
+    act = activation_code(activation)
+    x, aux = _dense(x, layout), _dense(aux, layout)
+    if _triton_ok(x):
+        return _glk().backward_packed(dy.contiguous(), x, w, aux, list(ms), list(ks), list(ns), act,
+                                      has_bias, need_dx, need_dw, need_db, layout)
+    return ref.grouped_linear_backward_layout(dy, x, w, aux, ms, ks, ns, act, has_bias,
+                                              need_dx, need_dw, need_db, layout)
+
+
+def gl_backward_fake(dy, x, w_numel, w_dtype, ms, ks, ns, has_bias, need_dx, need_dw, need_db, layout):
+    x_shape = (ms[0], sum(ks)) if layout == "columns" else (sum(m * k for m, k in zip(ms, ks)),)
+    tw = sum(n * k for n, k in zip(ns, ks))
+    tb = sum(ns)
+    return (x.new_empty(x_shape if need_dx else (0,)), x.new_empty(tw if need_dw else 0, dtype=w_dtype),
+            x.new_empty(tb if (need_db and has_bias) else 0, dtype=w_dtype))
+
+
+def ln_forward(x, w, b, rows, widths, eps, layout):
+    _check_ln_packed(x, w, b, rows, widths, layout)
+    x = _dense(x, layout)
+    if _triton_ok(x):
+        return _lnk().forward_packed(x, w, b, list(rows), list(widths), eps, layout)
+    return ref.batched_layer_norm_layout(x, w, b, rows, widths, eps, layout)
+
+
+def ln_forward_fake(x, w, b, rows, widths, eps, layout):
+    _check_ln_packed(x, w, b, rows, widths, layout)
+    y_shape = (rows[0], sum(widths)) if layout == "columns" else (sum(r * d for r, d in zip(rows, widths)),)
+    return x.new_empty(y_shape), x.new_empty(2, sum(rows), dtype=torch.float32)
+
+
+def ln_backward(dy, x, w, stats, rows, widths, has_bias, need_dx, need_dw, need_db, layout):
+    x = _dense(x, layout)
+    if _triton_ok(x):
+        return _lnk().backward_packed(dy.contiguous(), x, w, stats, list(rows), list(widths), has_bias,
+                                      need_dx, need_dw, need_db, layout)
+    return ref.batched_layer_norm_backward_layout(dy, x, w, stats, rows, widths, has_bias,
+                                                  need_dx, need_dw, need_db, layout)
+
+
+def ln_backward_fake(dy, x, has_w, pdt, rows, widths, has_bias, need_dx, need_dw, need_db, layout):
+    x_shape = (rows[0], sum(widths)) if layout == "columns" else (sum(r * d for r, d in zip(rows, widths)),)
+    tw = sum(widths)
+    return (x.new_empty(x_shape if need_dx else (0,)),
+            x.new_empty(tw if (need_dw and has_w) else 0, dtype=pdt),
+            x.new_empty(tw if (need_db and has_bias) else 0, dtype=pdt))
+
+
+# ------------------------------------------------------------------------------------------------
 # custom ops
 # ------------------------------------------------------------------------------------------------
 def _op_exists(name: str) -> bool:
@@ -143,40 +211,22 @@ def _register_ops():
     @torch.library.custom_op("optimus::grouped_linear", mutates_args=())
     def grouped_linear_op(x: Tensor, w: Tensor, b: Optional[Tensor], ms: List[int], ks: List[int],
                           ns: List[int], activation: str, layout: str = "packed") -> Tuple[Tensor, Tensor]:
-        act = activation_code(activation)
-        _check_gl_packed(x, w, b, ms, ks, ns, layout)
-        x = _dense(x, layout)
-        if _triton_ok(x):
-            return _glk().forward_packed(x, w, b, list(ms), list(ks), list(ns), act, layout)
-        return ref.grouped_linear_layout(x, w, b, ms, ks, ns, act, layout)
+        return gl_forward(x, w, b, ms, ks, ns, activation, layout)
 
     @grouped_linear_op.register_fake
     def _(x, w, b, ms, ks, ns, activation, layout="packed"):
-        act = activation_code(activation)
-        _check_gl_packed(x, w, b, ms, ks, ns, layout)
-        y_shape = (ms[0], sum(ns)) if layout == "columns" else (sum(m * n for m, n in zip(ms, ns)),)
-        return x.new_empty(y_shape), x.new_empty(y_shape if act in NEEDS_PREACT else (0,))
+        return gl_forward_fake(x, w, b, ms, ks, ns, activation, layout)
 
     @torch.library.custom_op("optimus::grouped_linear_backward", mutates_args=())
     def grouped_linear_backward_op(dy: Tensor, x: Tensor, w: Tensor, aux: Optional[Tensor], ms: List[int],
                                    ks: List[int], ns: List[int], activation: str, has_bias: bool,
                                    need_dx: bool, need_dw: bool, need_db: bool,
                                    layout: str = "packed") -> Tuple[Tensor, Tensor, Tensor]:
-        act = activation_code(activation)
-        x, aux = _dense(x, layout), _dense(aux, layout)
-        if _triton_ok(x):
-            return _glk().backward_packed(dy.contiguous(), x, w, aux, list(ms), list(ks), list(ns), act,
-                                          has_bias, need_dx, need_dw, need_db, layout)
-        return ref.grouped_linear_backward_layout(dy, x, w, aux, ms, ks, ns, act, has_bias,
-                                                  need_dx, need_dw, need_db, layout)
+        return gl_backward(dy, x, w, aux, ms, ks, ns, activation, has_bias, need_dx, need_dw, need_db, layout)
 
     @grouped_linear_backward_op.register_fake
     def _(dy, x, w, aux, ms, ks, ns, activation, has_bias, need_dx, need_dw, need_db, layout="packed"):
-        x_shape = (ms[0], sum(ks)) if layout == "columns" else (sum(m * k for m, k in zip(ms, ks)),)
-        tw = sum(n * k for n, k in zip(ns, ks))
-        tb = sum(ns)
-        return (x.new_empty(x_shape if need_dx else (0,)), w.new_empty(tw if need_dw else 0),
-                w.new_empty(tb if (need_db and has_bias) else 0))
+        return gl_backward_fake(dy, x, w.numel(), w.dtype, ms, ks, ns, has_bias, need_dx, need_dw, need_db, layout)
 
     def gl_setup(ctx, inputs, output):
         x, w, b, ms, ks, ns, activation = inputs[:7]
@@ -188,7 +238,7 @@ def _register_ops():
         ctx.gl_meta = (list(ms), list(ks), list(ns), act, b is not None, layout)
         ctx.mark_non_differentiable(pre)
 
-    def gl_backward(ctx, gy, gpre):
+    def gl_autograd(ctx, gy, gpre):
         x, w, aux = ctx.saved_tensors
         ms, ks, ns, act, has_bias, layout = ctx.gl_meta
         need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
@@ -200,44 +250,29 @@ def _register_ops():
         return (dx if need_dx else None, dw if need_dw else None, db if (need_db and has_bias) else None,
                 None, None, None, None, None)
 
-    grouped_linear_op.register_autograd(gl_backward, setup_context=gl_setup)
+    grouped_linear_op.register_autograd(gl_autograd, setup_context=gl_setup)
 
     # ---------------- batched layer norm ----------------
     @torch.library.custom_op("optimus::batched_layer_norm", mutates_args=())
     def batched_layer_norm_op(x: Tensor, w: Optional[Tensor], b: Optional[Tensor], rows: List[int],
                               widths: List[int], eps: float, layout: str = "packed") -> Tuple[Tensor, Tensor]:
-        _check_ln_packed(x, w, b, rows, widths, layout)
-        x = _dense(x, layout)
-        if _triton_ok(x):
-            return _lnk().forward_packed(x, w, b, list(rows), list(widths), eps, layout)
-        return ref.batched_layer_norm_layout(x, w, b, rows, widths, eps, layout)
+        return ln_forward(x, w, b, rows, widths, eps, layout)
 
     @batched_layer_norm_op.register_fake
     def _(x, w, b, rows, widths, eps, layout="packed"):
-        _check_ln_packed(x, w, b, rows, widths, layout)
-        y_shape = (rows[0], sum(widths)) if layout == "columns" else (sum(r * d for r, d in zip(rows, widths)),)
-        return x.new_empty(y_shape), x.new_empty(2, sum(rows), dtype=torch.float32)
+        return ln_forward_fake(x, w, b, rows, widths, eps, layout)
 
     @torch.library.custom_op("optimus::batched_layer_norm_backward", mutates_args=())
     def batched_layer_norm_backward_op(dy: Tensor, x: Tensor, w: Optional[Tensor], stats: Tensor,
                                        rows: List[int], widths: List[int], has_bias: bool, need_dx: bool,
                                        need_dw: bool, need_db: bool,
                                        layout: str = "packed") -> Tuple[Tensor, Tensor, Tensor]:
-        x = _dense(x, layout)
-        if _triton_ok(x):
-            return _lnk().backward_packed(dy.contiguous(), x, w, stats, list(rows), list(widths), has_bias,
-                                          need_dx, need_dw, need_db, layout)
-        return ref.batched_layer_norm_backward_layout(dy, x, w, stats, rows, widths, has_bias,
-                                                      need_dx, need_dw, need_db, layout)
+        return ln_backward(dy, x, w, stats, rows, widths, has_bias, need_dx, need_dw, need_db, layout)
 
     @batched_layer_norm_backward_op.register_fake
     def _(dy, x, w, stats, rows, widths, has_bias, need_dx, need_dw, need_db, layout="packed"):
-        x_shape = (rows[0], sum(widths)) if layout == "columns" else (sum(r * d for r, d in zip(rows, widths)),)
-        tw = sum(widths)
         pdt = w.dtype if w is not None else x.dtype
-        return (x.new_empty(x_shape if need_dx else (0,)),
-                x.new_empty(tw if (need_dw and w is not None) else 0, dtype=pdt),
-                x.new_empty(tw if (need_db and has_bias) else 0, dtype=pdt))
+        return ln_backward_fake(dy, x, w is not None, pdt, rows, widths, has_bias, need_dx, need_dw, need_db, layout)
 
     def ln_setup(ctx, inputs, output):
         x, w, b, rows, widths, eps = inputs[:6]
@@ -247,7 +282,7 @@ def _register_ops():
         ctx.ln_meta = (list(rows), list(widths), b is not None, layout)
         ctx.mark_non_differentiable(stats)
 
-    def ln_backward(ctx, gy, gstats):
+    def ln_autograd(ctx, gy, gstats):
         x, w, stats = ctx.saved_tensors
         rows, widths, has_bias, layout = ctx.ln_meta
         need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
@@ -259,7 +294,7 @@ def _register_ops():
         return (dx if need_dx else None, dw if (need_dw and w is not None) else None,
                 db if (need_db and has_bias) else None, None, None, None, None)
 
-    batched_layer_norm_op.register_autograd(ln_backward, setup_context=ln_setup)
+    batched_layer_norm_op.register_autograd(ln_autograd, setup_context=ln_setup)
 
 
 _register_ops()

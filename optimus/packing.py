@@ -9,7 +9,14 @@ buffer, member ``i`` at element ``i * slot``::
     w_i.data = buffer[i * slot : i * slot + numel].view(w_i.shape)
 
 so ``stack(w_i)`` is the strided view ``buffer.as_strided((G, *shape), (slot, *strides))``
-and costs nothing. The Parameter objects stay the same objects (optimizers, hooks, user
+and costs nothing. A group of members of *different* shapes (towers of different widths) is
+laid out concatenated instead, member ``i`` right after member ``i - 1`` with no padding::
+
+    buffer: [ w_0 | w_1 | ... | w_{G-1} ]          w_i at sum(numel(w_j) for j < i)
+
+which is ``cat([w.reshape(-1) for w in ws])``: what the grouped kernels' parameter-list ops
+(``kernels/param_ops.py``: ``grouped_linear_params``, ``batched_layer_norm_params``) read in
+place. The Parameter objects stay the same objects (optimizers, hooks, user
 references hold them); only their storage moves (``Parameter.data = view``, the in-place
 storage swap ``nn.Module._apply`` also uses). Values, names, order, ``requires_grad`` and
 hooks are unchanged.
@@ -25,7 +32,7 @@ same parameter names (the towers of a ``ModuleList``, repeated child modules) gi
 group per parameter name, in child order, which is the order the rules stack them when
 the forward runs the siblings in order; a ``ParameterList`` / ``ParameterDict`` gives one
 group. Where both an outer and an inner repeat propose a parameter, identical shapes win,
-then more members, then the inner repeat (``find_groups``). A group is packed only if its members have the same shape, dtype, device,
+then more members, then the inner repeat (``find_groups``). A group is packed only if its members have the same dtype, device,
 ``requires_grad`` and a contiguous layout, each owns its storage, and no Parameter
 appears twice (in the group or elsewhere in the model); otherwise it is declined with the
 reason in the returned ``PackReport``.
@@ -62,10 +69,15 @@ class PackedGroup:
     device: torch.device
     slot: int
     already_packed: bool = False
+    # "stacked" (identical shapes, member i at i * slot) or "concatenated" (shapes differ,
+    # member i right after member i - 1; ``shape`` is then the first member's, ``slot`` 0)
+    layout: str = "stacked"
+    numel: int = 0  # elements of the buffer, padding included
 
     @property
     def nbytes(self) -> int:
-        return len(self.names) * self.slot * torch.empty((), dtype=self.dtype).element_size()
+        elems = self.numel if self.layout == "concatenated" else len(self.names) * self.slot
+        return elems * torch.empty((), dtype=self.dtype).element_size()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +109,8 @@ class PackReport:
         ]
         for g in self.packed:
             state = "already packed" if g.already_packed else "packed"
-            lines.append(f"pack_parameters: {state} {_span(g.names)} ({len(g.names)} x {list(g.shape)}, {g.dtype})")
+            what = f"{len(g.names)} x {list(g.shape)}" if g.layout == "stacked" else f"{len(g.names)} of different shapes, concatenated"
+            lines.append(f"pack_parameters: {state} {_span(g.names)} ({what}, {g.dtype})")
         for d in self.declined:
             lines.append(f"pack_parameters: declined {_span(d.names)}: {d.reason}")
         return lines
@@ -189,10 +202,10 @@ def _decline_reason(names: Sequence[str], params: Sequence[nn.Parameter], regist
         if elsewhere:
             return f"{name} is also used elsewhere (registered as {elsewhere[0]})"
     p0 = params[0]
-    for label, attr in (("shapes", "shape"), ("dtypes", "dtype"), ("devices", "device")):
+    for label, attr in (("dtypes", "dtype"), ("devices", "device")):
         values = {str(getattr(p, attr)) for p in params}
         if len(values) > 1:
-            return f"{label} differ ({', '.join(sorted(values))}): only identical members are stacked"
+            return f"{label} differ ({', '.join(sorted(values))}): one buffer holds one dtype on one device"
     if len({p.requires_grad for p in params}) > 1:
         frozen = [n for n, p in zip(names, params) if not p.requires_grad]
         return f"frozen and trainable members mixed ({frozen[0]} has requires_grad=False)"
@@ -201,7 +214,7 @@ def _decline_reason(names: Sequence[str], params: Sequence[nn.Parameter], regist
             return f"{name} is not a dense strided tensor ({type(p.data).__name__}, {p.layout})"
         if not p.is_contiguous():
             return f"{name} is not contiguous (strides {p.stride()})"
-    if p0.numel() == 0:
+    if any(p.numel() == 0 for p in params):
         return "empty parameters"
     for name, p in zip(names, params):
         if not _owns_storage(p):
@@ -243,6 +256,11 @@ def pack_parameters(
         if slot is not None and len(set(map(id, params))) == len(params):
             report.packed.append(PackedGroup(names, tuple(params[0].shape), params[0].dtype, params[0].device, slot, already_packed=True))
             continue
+        if _lie_concatenated(params) and len(set(map(id, params))) == len(params):
+            report.packed.append(PackedGroup(names, tuple(params[0].shape), params[0].dtype, params[0].device, 0,
+                                             already_packed=True, layout="concatenated",
+                                             numel=sum(p.numel() for p in params)))
+            continue
         reason = _decline_reason(names, params, registered)
         if reason is not None:
             report.declined.append(DeclinedGroup(names, reason))
@@ -251,8 +269,23 @@ def pack_parameters(
     return report
 
 
+def _lie_concatenated(params: Sequence[torch.Tensor]) -> bool:
+    """Members of different shapes lying one after another in one storage (a concatenated
+    group, packed before)."""
+    if len({tuple(p.shape) for p in params}) == 1:
+        return False
+    storage, offset = StorageWeakRef(params[0].untyped_storage()), params[0].storage_offset()
+    for p in params:
+        if not p.is_contiguous() or StorageWeakRef(p.untyped_storage()) != storage or p.storage_offset() != offset:
+            return False
+        offset += p.numel()
+    return True
+
+
 def _pack_group(names: Sequence[str], params: Sequence[nn.Parameter], align_bytes: int) -> PackedGroup:
     p0 = params[0]
+    if len({tuple(p.shape) for p in params}) > 1:
+        return _pack_concatenated(names, params)
     numel, shape = p0.numel(), tuple(p0.shape)
     slot = _slot_for(numel, p0.element_size(), align_bytes)
     buffer = torch.zeros(len(params) * slot, dtype=p0.dtype, device=p0.device)
@@ -262,6 +295,22 @@ def _pack_group(names: Sequence[str], params: Sequence[nn.Parameter], align_byte
             view.copy_(p)
             p.data = view  # the same Parameter object, its storage now the buffer's
     return PackedGroup(tuple(names), shape, p0.dtype, p0.device, slot)
+
+
+def _pack_concatenated(names: Sequence[str], params: Sequence[nn.Parameter]) -> PackedGroup:
+    """Members of different shapes, one after another with no padding: the buffer is the
+    concatenation of their flat views."""
+    p0 = params[0]
+    total = sum(p.numel() for p in params)
+    buffer = torch.empty(total, dtype=p0.dtype, device=p0.device)
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            view = buffer[offset : offset + p.numel()].view(p.shape)
+            view.copy_(p)
+            p.data = view
+            offset += p.numel()
+    return PackedGroup(tuple(names), tuple(p0.shape), p0.dtype, p0.device, 0, layout="concatenated", numel=total)
 
 
 def unpack_parameters(module: nn.Module) -> list[str]:

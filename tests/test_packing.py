@@ -184,7 +184,7 @@ def test_declines_frozen_mixed_with_trainable_but_packs_all_frozen():
     assert all(not p.requires_grad for p in tower_params(model, "norm.weight"))
 
 
-def test_declines_mismatched_dtype_device_shape_and_layout():
+def test_declines_mismatched_dtype_device_and_layout_and_concatenates_different_shapes():
     model = make()
     model.towers[1].linear.double()
     model.towers[2].norm.to("meta")
@@ -208,7 +208,19 @@ def test_declines_mismatched_dtype_device_shape_and_layout():
             super().__init__()
             self.lins = nn.ModuleList([nn.Linear(4, 3), nn.Linear(5, 3)])
 
-    assert _declined(optimus.pack_parameters(Hetero()), "shapes differ")
+    hetero = Hetero()
+    values = [p.detach().clone() for p in hetero.parameters()]
+    report = optimus.pack_parameters(hetero)
+    layouts = {g.names[0]: g.layout for g in report.packed}
+    assert not report.declined and layouts == {"lins.0.weight": "concatenated", "lins.0.bias": "stacked"}, report
+    w0, w1 = hetero.lins[0].weight, hetero.lins[1].weight
+    # one buffer, laid out as cat([w.reshape(-1) for w in ws]), values unchanged
+    assert StorageWeakRef(w0.untyped_storage()) == StorageWeakRef(w1.untyped_storage())
+    assert w1.storage_offset() == w0.storage_offset() + w0.numel()
+    assert all(torch.equal(a, b) for a, b in zip(hetero.parameters(), values))
+    again = optimus.pack_parameters(hetero)
+    assert all(g.already_packed for g in again.packed) and not again.newly_packed
+    assert "of different shapes, concatenated" in str(report)
 
 
 # ------------------------------------------------------------------ state_dict, checkpoints
@@ -381,6 +393,57 @@ def test_compile_with_pack_parameters_records_it_reads_weights_in_place_and_matc
     for (n, p), q in zip(model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=n)
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=n)
+
+
+class HeteroTowers(nn.Module):
+    """Towers of distinct widths over the features of one input (the zoo's hetero_towers, small)."""
+
+    def __init__(self, d_in=(3, 5, 7, 4, 6), d_out=(4, 6, 3, 8, 5)) -> None:
+        super().__init__()
+        self.d_in = list(d_in)
+        self.towers = nn.ModuleList(Tower(i, o) for i, o in zip(d_in, d_out))
+        self.head = nn.Linear(sum(d_out), 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        merged = torch.cat([t(f) for t, f in zip(self.towers, x.split(self.d_in, 1))], 1)
+        return self.head(merged).squeeze(-1)
+
+
+def test_compile_packs_towers_of_different_widths_and_the_grouped_ops_read_them_in_place():
+    """Towers of distinct widths: their parameters are packed concatenated, the grouped
+    kernels' parameter-list ops read every list in place (no copy), and outputs, gradients
+    and optimizer steps equal an unpacked eager copy."""
+    from optimus.kernels import param_ops
+
+    torch.manual_seed(0)
+    model = HeteroTowers()
+    ref = copy.deepcopy(model)
+    compiled = optimus.compile(model, pack_parameters=True)
+    notes = compiled.optimus_report.notes
+    assert any(n.startswith("pack_parameters: packed 4 group(s), 20 parameters") for n in notes), notes
+    param_ops.STATS.clear()
+    x = torch.randn(6, sum(model.d_in))
+    out, out_ref = compiled(x), ref(x)
+    assert param_ops.STATS["weight_view"] == 1 and param_ops.STATS["bias_view"] == 1, param_ops.STATS
+    assert param_ops.STATS["norm_weight_view"] == 1 and param_ops.STATS["norm_bias_view"] == 1, param_ops.STATS
+    assert not any(k.endswith("_cat") for k in param_ops.STATS), param_ops.STATS
+    torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-6)
+    opt, opt_ref = (torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (model, ref))
+    for step in range(3):
+        g = torch.Generator().manual_seed(step)
+        xb = torch.randn(6, sum(model.d_in), generator=g)
+        compiled(xb).square().sum().backward()
+        ref(xb).square().sum().backward()
+        for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=n)
+        opt.step()
+        opt_ref.step()
+        opt.zero_grad()
+        opt_ref.zero_grad()
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=n)
+    w = [t.linear.weight for t in model.towers]
+    assert all(b.storage_offset() == a.storage_offset() + a.numel() for a, b in zip(w, w[1:]))
 
 
 def test_compile_pack_parameters_option_checks():

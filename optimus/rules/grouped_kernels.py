@@ -68,6 +68,8 @@ from ..core.group import Group, group_rule
 from ..core.rule import Builder
 from ..core.view import GraphView, is_int, num_outputs
 from ..core.vocab import Call, ParamRef, register_extern_op
+from torch.multiprocessing.reductions import StorageWeakRef
+
 from ._facts import kernel_op_device_problem
 from .horizontal import long_reduction
 
@@ -100,6 +102,8 @@ LONG_REDUCTION = (
 # (their fake implementations give the new nodes' metadata).
 register_extern_op("grouped_linear", torch.ops.optimus.grouped_linear.default)
 register_extern_op("batched_layer_norm", torch.ops.optimus.batched_layer_norm.default)
+register_extern_op("grouped_linear_params", torch.ops.optimus.grouped_linear_params.default)
+register_extern_op("batched_layer_norm_params", torch.ops.optimus.batched_layer_norm_params.default)
 
 
 # ------------------------------------------------------------------------ helpers
@@ -146,6 +150,38 @@ def _pack(b: Builder, values: Sequence[Any]) -> fx.Node:
 def _pack_is_free(view: GraphView, values: Sequence[Any]) -> bool:
     """A single member's operand needs no concatenation (its flat view is the pack)."""
     return len(values) == 1
+
+
+def _tensor_of(view: GraphView, value: Any) -> torch.Tensor | None:
+    if isinstance(value, ParamRef):
+        return view.gm.get_parameter(value.target)
+    return view.tensor_val(value) if isinstance(value, fx.Node) else None
+
+
+def lies_concatenated(view: GraphView, values: Sequence[Any]) -> bool:
+    """The values (parameters, at compile time: Dynamo's fake parameters keep their storage
+    and offsets) lie one after another in one storage, as ``cat`` of their flat views would
+    lay them out (``optimus.pack_parameters``): the parameter-list ops then read them in place."""
+    ts = [_tensor_of(view, v) for v in values]
+    if len(ts) < 2 or any(t is None for t in ts):
+        return False
+    try:
+        storage = StorageWeakRef(ts[0].untyped_storage())
+        offset = ts[0].storage_offset()
+        for t in ts:
+            if not t.is_contiguous() or StorageWeakRef(t.untyped_storage()) != storage or t.storage_offset() != offset:
+                return False
+            offset += t.numel()
+    except Exception:  # a tensor without storage (a functional or symbolic one): no view
+        return False
+    return True
+
+
+def _param_copies(view: GraphView, param_lists: Sequence[Sequence[Any] | None]) -> list[Sequence[Any]]:
+    """The parameter lists a rewrite copies: none when every list lies concatenated (the
+    parameter-list ops read them in place), else all of them (packed by cats in the graph)."""
+    lists = [vs for vs in param_lists if vs is not None]
+    return [] if lists and all(lies_concatenated(view, vs) for vs in lists) else lists
 
 
 def _pack_count(view: GraphView, operand_lists: Sequence[Sequence[Any]]) -> int:
@@ -243,7 +279,7 @@ def _unemit_columns(b: Builder, out: fx.Node, lead: tuple[int, ...], widths: Seq
 
 def _linear_copies(g: Group) -> list[list[Any]]:
     bs = [c.args["bias"] for c in g.members] if g.members[0].args.get("bias") is not None else None
-    return _packed_copies(g.view, [_input_copies(g), [c.args["weight"] for c in g.members], bs])
+    return _packed_copies(g.view, [_input_copies(g)] + _param_copies(g.view, [[c.args["weight"] for c in g.members], bs]))
 
 
 def _mm_copies(g: Group) -> list[list[Any]]:
@@ -254,7 +290,7 @@ def _mm_copies(g: Group) -> list[list[Any]]:
 def _layer_norm_copies(g: Group) -> list[list[Any]]:
     a0 = g.members[0].args
     params = [[c.args[k] for c in g.members] if a0[k] is not None else None for k in ("weight", "bias")]
-    return _packed_copies(g.view, [_input_copies(g)] + params)
+    return _packed_copies(g.view, [_input_copies(g)] + _param_copies(g.view, params))
 
 
 def _unpack(b: Builder, packed: fx.Node, shapes: Sequence[Sequence[int]]) -> list[fx.Node]:
@@ -289,13 +325,16 @@ def _shared_epilogue(g: Group) -> tuple[str | None, list[fx.Node] | None]:
 
 
 def _emit_grouped_linear(g: Group, b: Builder, xs: list[Any], ws_nk: list[Any], bs: list[Any] | None,
-                         x_shapes: list[tuple[int, ...]], ns: list[int]) -> dict[fx.Node, fx.Node]:
+                         x_shapes: list[tuple[int, ...]], ns: list[int], params: bool = False) -> dict[fx.Node, fx.Node]:
     """The grouped-linear rewrite of ``g``: ``ws_nk`` in ``F.linear``'s (N, K) layout.
 
     When the inputs are the chunks of one split along the last dim (``_column_layout``), the
     op reads that split's input in place and writes the results side by side, in the column
     layout (no pack of x; the results are the column blocks a following cat or
-    batched_layer_norm reads in place); otherwise every operand is packed."""
+    batched_layer_norm reads in place); otherwise every operand is packed. ``params``: the
+    weights and biases are parameters; where every list of them lies concatenated
+    (``optimus.pack_parameters``) they go to ``grouped_linear_params`` as lists, read in
+    place, instead of being packed by a cat in the graph."""
     act, act_nodes = _shared_epilogue(g)
     olds = list(act_nodes if act_nodes is not None else g.nodes)
     columns = _column_layout(g)
@@ -306,16 +345,23 @@ def _emit_grouped_linear(g: Group, b: Builder, xs: list[Any], ws_nk: list[Any], 
     ks = [s[-1] for s in x_shapes]
     ms = [math.prod(s[:-1]) for s in x_shapes]
     before = len(g.members) * (2 if act is not None else 1)
-    _check_profitable(g, before, ([] if columns is not None else [xs]) + [ws_nk] + ([bs] if bs is not None else []))
-    packed_w = _pack(b, ws_nk)
-    packed_b = b.cat([b.value(v) for v in bs], 0) if bs is not None and len(bs) > 1 else (b.value(bs[0]) if bs else None)
+    param_lists = [ws_nk] + ([bs] if bs is not None else [])
+    params = params and not _param_copies(g.view, param_lists)  # every list lies concatenated
+    _check_profitable(g, before, ([] if columns is not None else [xs]) + ([] if params else param_lists))
     if columns is not None:
         lead = tuple(x_shapes[0][:-1])
-        x = _emit_columns(b, columns[0], lead, sum(ks))
-        out = b.emit("grouped_linear", x, packed_w, packed_b, ms, ks, ns, act or "none", "columns")
+        x, layout = _emit_columns(b, columns[0], lead, sum(ks)), "columns"
+    else:
+        x, layout = _pack(b, xs), "packed"
+    if params:
+        out = b.emit("grouped_linear_params", x, [b.value(v) for v in ws_nk], [b.value(v) for v in bs or []],
+                     ms, ks, ns, act or "none", layout)
+    else:
+        packed_b = b.cat([b.value(v) for v in bs], 0) if bs is not None and len(bs) > 1 else (b.value(bs[0]) if bs else None)
+        out = b.emit("grouped_linear", x, _pack(b, ws_nk), packed_b, ms, ks, ns, act or "none", layout)
+    if columns is not None:
         results = _unemit_columns(b, b.getitem(out, 0), lead, ns)
     else:
-        out = b.emit("grouped_linear", _pack(b, xs), packed_w, packed_b, ms, ks, ns, act or "none", "packed")
         results = _unpack(b, b.getitem(out, 0), [tuple(s[:-1]) + (n,) for s, n in zip(x_shapes, ns)])
     return dict(zip(olds, results))
 
@@ -368,7 +414,7 @@ def grouped_linear(g: Group, b: Builder) -> dict[fx.Node, fx.Node]:
     bs = [c.args["bias"] for c in g.members] if g.members[0].args.get("bias") is not None else None
     x_shapes = [_static_shape(g.view, x) for x in xs]
     ns = [_static_shape(g.view, w)[0] for w in ws]  # type: ignore[index]
-    return _emit_grouped_linear(g, b, xs, ws, bs, x_shapes, ns)  # type: ignore[arg-type]
+    return _emit_grouped_linear(g, b, xs, ws, bs, x_shapes, ns, params=True)  # type: ignore[arg-type]
 
 
 # -------------------------------------------------------------- Aten-IR mm / addmm
@@ -498,17 +544,24 @@ def batched_layer_norm(g: Group, b: Builder) -> dict[fx.Node, fx.Node]:
     shapes = [_static_shape(g.view, x) for x in xs]
     widths = [s[-1] for s in shapes]  # type: ignore[index]
     rows = [math.prod(s[:-1]) for s in shapes]  # type: ignore[index]
-    _check_profitable(g, len(g.members), ([] if columns is not None else [xs]) + [p for p in (ws, bs) if p is not None])
-    packed_w = _pack(b, ws) if ws is not None else None
-    packed_b = _pack(b, bs) if bs is not None else None
+    param_lists = [p for p in (ws, bs) if p is not None]
+    in_place = bool(param_lists) and not _param_copies(g.view, param_lists)  # packed by pack_parameters
+    _check_profitable(g, len(g.members), ([] if columns is not None else [xs]) + ([] if in_place else param_lists))
     eps = float(a0["eps"])
     if columns is not None:
         lead = tuple(shapes[0][:-1])  # type: ignore[index]
-        x = _emit_columns(b, columns[0], lead, sum(widths))
-        out = b.emit("batched_layer_norm", x, packed_w, packed_b, rows, widths, eps, "columns")
+        x, layout = _emit_columns(b, columns[0], lead, sum(widths)), "columns"
+    else:
+        x, layout = _pack(b, xs), "packed"
+    if in_place:
+        out = b.emit("batched_layer_norm_params", x, [b.value(v) for v in ws or []], [b.value(v) for v in bs or []],
+                     rows, widths, eps, layout)
+    else:
+        out = b.emit("batched_layer_norm", x, _pack(b, ws) if ws is not None else None,
+                     _pack(b, bs) if bs is not None else None, rows, widths, eps, layout)
+    if columns is not None:
         results = _unemit_columns(b, b.getitem(out, 0), lead, widths)
     else:
-        out = b.emit("batched_layer_norm", _pack(b, xs), packed_w, packed_b, rows, widths, eps, "packed")
         results = _unpack(b, b.getitem(out, 0), shapes)  # type: ignore[arg-type]
     return dict(zip(olds, results))
 

@@ -46,9 +46,10 @@ def params_as_inputs(model):
 
 
 def custom_calls(gm, name):
-    """The optimus::<name> nodes of a graph, as (args) tuples."""
-    target = getattr(torch.ops.optimus, name).default
-    return [n.args for n in gm.graph.nodes if n.op == "call_function" and n.target is target]
+    """The optimus::<name> nodes of a graph (and of its parameter-list variant <name>_params,
+    whose arguments sit in the same places), as (args) tuples."""
+    targets = {getattr(torch.ops.optimus, name).default, getattr(torch.ops.optimus, name + "_params").default}
+    return [n.args for n in gm.graph.nodes if n.op == "call_function" and n.target in targets]
 
 
 def declines(run, rule):
@@ -85,7 +86,8 @@ def test_torch_ir_towers_become_one_grouped_linear_and_one_batched_layer_norm(in
     assert run.matched("grouped_linear") == 1 and run.matched("batched_layer_norm") == 1
     # the column layout: the op reads the input where it lies, the LayerNorm reads the grouped
     # linear's result in place, and the towers' ReLUs and cat become one ReLU of the norm's result
-    # (the four cats left pack the parameters: W, b and the norms' w, b)
+    # (the four cats left pack the parameters: W, b and the norms' w, b; packed parameters go
+    # to the parameter-list ops instead, tests/test_packing.py)
     assert ops["cat"] == 4 and ops["relu"] == 1 and ops.get("split", 0) == 0, ops
     x = gl[0] if gl[0].op == "placeholder" else gl[0].args[0]
     assert x.op == "placeholder", gl[0]
