@@ -54,15 +54,17 @@ def _in_place(ts: Sequence[Tensor]) -> Optional[Tensor]:
     storage (contiguous, each starting where the previous ends), else ``None``. Checked from
     the data pointers on every call: a few attribute reads per member, no device work."""
     first = ts[0]
-    size = first.element_size()
-    ptr, dtype, device = first.data_ptr(), first.dtype, first.device
-    total = 0
+    size, dtype = first.element_size(), first.dtype
+    expect = start = first.data_ptr()
     for t in ts:
-        if not t.is_contiguous() or t.dtype != dtype or t.device != device or t.data_ptr() != ptr + total * size:
+        if t.data_ptr() != expect or t.dtype is not dtype or not t.is_contiguous():
             return None
-        total += t.numel()
+        expect += t.numel() * size
+    total = (expect - start) // size
+    # the whole run lies inside the first member's storage: one allocation (so one device), and
+    # the bytes read are the members' own
     if (first.storage_offset() + total) * size > first.untyped_storage().nbytes():
-        return None  # (every member then lies inside the first one's storage)
+        return None
     return first.as_strided((total,), (1,), first.storage_offset())
 
 
