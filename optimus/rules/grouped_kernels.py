@@ -238,10 +238,18 @@ def _columns_of(view: GraphView, xs: Sequence[Any]) -> tuple[fx.Node, list[int]]
     return base, [chunk_of[j] for j in range(len(xs))]
 
 
-def _escapes(nodes: Sequence[fx.Node]) -> bool:
-    """Some node is a graph output (the column layout's results are strided views: an output
-    must keep the strides eager gives it)."""
-    return any(u.op == "output" for n in nodes for u in n.users)
+def _needs_eager_strides(view: GraphView, nodes: Sequence[fx.Node]) -> bool:
+    """Some node is a graph output, or is read by a ``view`` (the column layout's results are
+    strided column blocks: an output must keep the contiguous strides eager gives it, and a
+    ``view`` that merges the rows with the columns would not apply to a block)."""
+    for n in nodes:
+        for u in n.users:
+            if u.op == "output":
+                return True
+            call = view.classify(u)
+            if (call is not None and call.op == "view") or u.target == "view" or u.target is torch.Tensor.view:
+                return True
+    return False
 
 
 def _packed_copies(view: GraphView, operand_lists: Sequence[Sequence[Any] | None]) -> list[list[Any]]:
@@ -251,12 +259,12 @@ def _packed_copies(view: GraphView, operand_lists: Sequence[Sequence[Any] | None
 
 def _column_layout(g: Group) -> tuple[fx.Node, list[int]] | None:
     """``_columns_of`` the group's inputs, unless a result (or the activation fused after it)
-    is a graph output."""
+    needs eager's contiguous strides (``_needs_eager_strides``)."""
     found = _columns_of(g.view, [c.input for c in g.members])
     if found is None:
         return None
     users = [u for n in g.nodes for u in n.users]
-    return None if _escapes(list(g.nodes) + users) else found
+    return None if _needs_eager_strides(g.view, list(g.nodes) + users) else found
 
 
 def _input_copies(g: Group) -> list[Any] | None:

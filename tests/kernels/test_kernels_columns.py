@@ -129,6 +129,18 @@ def test_grouped_linear_columns_kernels(act, bias):
 @needs_triton
 @interpreter_works
 @pytest.mark.usefixtures("interpret")
+def test_columns_kernels_half_precision_on_the_aligned_path():
+    """fp16 with every width a multiple of 8: the kernels take the aligned path (strides,
+    offsets and widths multiples of 8 elements)."""
+    ks, ns = [16, 8, 24], [8, 32, 16]
+    _check_gl(torch.float16, "relu", 9, 3e-2, ks=ks, ns=ns)
+    _check_ln(torch.float16, 9, 3e-2, ns=ns)
+
+
+@interpreter_only
+@needs_triton
+@interpreter_works
+@pytest.mark.usefixtures("interpret")
 @pytest.mark.parametrize("affine", [True, False])
 def test_batched_layer_norm_columns_kernels(affine):
     _check_ln(torch.float32, 19, 1e-4, affine)

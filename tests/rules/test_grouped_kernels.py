@@ -354,6 +354,22 @@ def test_results_that_are_graph_outputs_keep_the_packed_layout():
     assert all(o.is_contiguous() for o in run.outputs)
 
 
+def test_results_read_by_a_view_keep_the_packed_layout():
+    """``y.view(-1)`` of a linear's result works on eager's contiguous result; a column block
+    could not be viewed so, so the group packs."""
+    torch.manual_seed(18)
+    ins, outs = (3, 5, 7, 4, 6), (4, 6, 3, 8, 5)
+    ws = [torch.randn(n, k) for k, n in zip(ins, outs)]
+
+    def f(x, *w):
+        ys = [F.linear(c, wi) for c, wi in zip(x.split(list(ins), -1), w)]
+        return torch.cat([y.view(-1) for y in ys]) * 2
+
+    run = check_level(f, [torch.randn(4, sum(ins))] + ws, "torch_ir")
+    assert run.matched("grouped_linear") == 1
+    assert _layouts(run, "grouped_linear") == ["packed"]
+
+
 def test_chunks_not_all_read_by_the_group_are_packed():
     """One chunk of the split feeds something else: the group does not cover the input, so its
     members' inputs are packed."""
