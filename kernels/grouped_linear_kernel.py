@@ -193,8 +193,8 @@ def _gl_fwd_kernel(
             x_off = tl.load(row + C_X)
             w_off = tl.load(row + C_W)
             y_off = tl.load(row + C_Y)
-            XS = tl.load(row + C_XS)
-            YS = tl.load(row + C_YS)
+            XS = tl.load(row + C_XS).to(tl.int32)
+            YS = tl.load(row + C_YS).to(tl.int32)
             if ALIGN > 1:
                 K = tl.multiple_of(K, ALIGN)
                 Nn = tl.multiple_of(Nn, ALIGN)
@@ -271,8 +271,8 @@ def _gl_dx_kernel(
             aux_off = tl.load(row + C_Z)
             w_off = tl.load(row + C_W)
             dx_off = tl.load(row + C_DX)
-            XS = tl.load(row + C_XS)
-            YS = tl.load(row + C_YS)
+            XS = tl.load(row + C_XS).to(tl.int32)
+            YS = tl.load(row + C_YS).to(tl.int32)
             if ALIGN > 1:
                 N = tl.multiple_of(N, ALIGN)
                 Kk = tl.multiple_of(Kk, ALIGN)
@@ -350,8 +350,8 @@ def _gl_dw_kernel(
             aux_off = tl.load(row + C_Z)
             x_off = tl.load(row + C_X)
             dw_off = tl.load(row + C_DW)
-            XS = tl.load(row + C_XS)
-            YS = tl.load(row + C_YS)
+            XS = tl.load(row + C_XS).to(tl.int32)
+            YS = tl.load(row + C_YS).to(tl.int32)
             if ALIGN > 1:
                 Nn = tl.multiple_of(Nn, ALIGN)
                 Kk = tl.multiple_of(Kk, ALIGN)

@@ -29,6 +29,11 @@ ReLU before the split)::
         z = batched_layer_norm(y, pack(lw_i), pack(lb_i), ..., "columns")[0]        # (M, sum N)
         [split(z, ns, -1)[i]]
 
+Where the parameters lie concatenated in one buffer (``optimus.pack_parameters`` packs
+sibling parameters of different shapes that way), the Torch-IR rules hand them to the
+parameter-list ops (``grouped_linear_params``, ``batched_layer_norm_params``,
+``kernels/param_ops.py``) as lists, which read that buffer in place: no pack of the weights.
+
 Levels:
 
 * Torch-IR, training and inference: the op's registered autograd gives the backward
@@ -62,14 +67,13 @@ from typing import Any, Hashable, Sequence
 
 import torch
 import torch.fx as fx
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from .. import kernels  # noqa: F401  (importing registers the optimus:: custom ops)
 from ..core.group import Group, group_rule
 from ..core.rule import Builder
 from ..core.view import GraphView, is_int, num_outputs
 from ..core.vocab import Call, ParamRef, register_extern_op
-from torch.multiprocessing.reductions import StorageWeakRef
-
 from ._facts import kernel_op_device_problem
 from .horizontal import long_reduction
 
