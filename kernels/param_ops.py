@@ -97,15 +97,8 @@ def _split_like(flat: Tensor, ts: Sequence[Tensor]) -> List[Tensor]:
     return [c.view(t.shape) for c, t in zip(flat.split(sizes), ts)]
 
 
-def _op_exists(name: str) -> bool:
-    try:
-        return hasattr(torch.ops.optimus, name)
-    except Exception:  # pragma: no cover
-        return False
-
-
 def _register() -> None:
-    if _op_exists("grouped_linear_params"):
+    if co._op_exists("grouped_linear_params"):
         return
 
     # ---------------- grouped linear ----------------
