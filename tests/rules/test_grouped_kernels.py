@@ -5,6 +5,7 @@ and numeric (outputs and gradients equal eager, several shapes, both levels) on 
 where the custom ops run their plain-torch path; plus the bad inputs of issue 15."""
 
 import copy
+import random
 
 import pytest
 import torch
@@ -438,3 +439,48 @@ def test_kernel_rules_decline_on_cpu_tensors_by_default(level, monkeypatch):
     assert declines(run, rule).get(_facts.CPU_REFERENCE_PATH, 0) >= 1, declines(run, rule)
     if level == "torch_ir":
         assert declines(run, "batched_layer_norm").get(_facts.CPU_REFERENCE_PATH, 0) >= 1
+
+
+RANDOM_ACTS = [None, torch.relu, torch.tanh, torch.sigmoid, F.gelu]
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_random_towers_match_eager_in_either_layout(seed):
+    """Random towers over one input's features: widths, lead dims, the order the towers read
+    the chunks in, bias, activation, LayerNorm and its affine, and what reads the results (a
+    cat of ReLUs, a sum, the graph's outputs, flattening reshapes) vary, so the rules take the
+    column layout, the packed one, or both; outputs and gradients equal eager's at both levels."""
+    rng = random.Random(seed)
+    t = rng.randint(2, 7)
+    ins, outs = [rng.randint(1, 12) for _ in range(t)], [rng.randint(1, 12) for _ in range(t)]
+    lead = rng.choice([(5,), (3,), (2, 3), (1,)])
+    order = list(range(t))
+    if rng.random() < 0.4:
+        rng.shuffle(order)
+    bias, act, use_ln = rng.random() < 0.7, rng.choice(RANDOM_ACTS), rng.random() < 0.7
+    affine = use_ln and rng.random() < 0.6
+    tail = rng.choice(["cat", "sum", "outputs", "reshape"])
+    params = [[torch.randn(outs[j], ins[j]) for j in order]]
+    params += [[torch.randn(outs[j]) for j in order] for _ in range(int(bias) + 2 * int(affine))]
+
+    def f(x, *p):
+        lists = [list(p[i * t:(i + 1) * t]) for i in range(len(p) // t)]
+        w, b = lists[0], lists[1] if bias else [None] * t
+        lw, lb = (lists[-2], lists[-1]) if affine else ([None] * t, [None] * t)
+        chunks = x.split(ins, -1)
+        ys = []
+        for i, j in enumerate(order):
+            h = F.linear(chunks[j], w[i], b[i])
+            h = act(h) if act is not None else h
+            ys.append(F.layer_norm(h, (outs[j],), lw[i], lb[i]) if use_ln else h)
+        if tail == "cat":
+            return torch.cat([torch.relu(y) for y in ys], -1)
+        if tail == "sum":
+            return sum(y.sum() for y in ys)
+        if tail == "reshape":
+            return torch.cat([y.reshape(-1) for y in ys]) * 2
+        return tuple(ys)
+
+    inputs = [torch.randn(*lead, sum(ins))] + [p for ps in params for p in ps]
+    for level in LEVELS:
+        check_level(f, inputs, level, grad=level == "torch_ir")
