@@ -153,7 +153,7 @@ def gl_backward(dy, x, w, aux, ms, ks, ns, activation, has_bias, need_dx, need_d
                                               need_dx, need_dw, need_db, layout)
 
 
-def gl_backward_fake(dy, x, w_numel, w_dtype, ms, ks, ns, has_bias, need_dx, need_dw, need_db, layout):
+def gl_backward_fake(dy, x, w_dtype, ms, ks, ns, has_bias, need_dx, need_dw, need_db, layout):
     x_shape = (ms[0], sum(ks)) if layout == "columns" else (sum(m * k for m, k in zip(ms, ks)),)
     tw = sum(n * k for n, k in zip(ns, ks))
     tb = sum(ns)
@@ -226,7 +226,7 @@ def _register_ops():
 
     @grouped_linear_backward_op.register_fake
     def _(dy, x, w, aux, ms, ks, ns, activation, has_bias, need_dx, need_dw, need_db, layout="packed"):
-        return gl_backward_fake(dy, x, w.numel(), w.dtype, ms, ks, ns, has_bias, need_dx, need_dw, need_db, layout)
+        return gl_backward_fake(dy, x, w.dtype, ms, ks, ns, has_bias, need_dx, need_dw, need_db, layout)
 
     def gl_setup(ctx, inputs, output):
         x, w, b, ms, ks, ns, activation = inputs[:7]

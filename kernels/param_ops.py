@@ -37,16 +37,35 @@ a copy).
 from __future__ import annotations
 
 import collections
-import math
 from typing import List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
+from torch.multiprocessing.reductions import StorageWeakRef
+
 from . import custom_ops as co
 from ._common import NEEDS_PREACT, USES_OUTPUT, activation_code
 
 STATS: collections.Counter = collections.Counter()
+
+
+def lies_concatenated(tensors: Sequence[Tensor]) -> bool:
+    """Whether ``tensors`` (two or more) lie one after another in one storage, contiguous, as
+    ``cat([t.reshape(-1) for t in tensors])`` would lay them out: what ``concatenated`` then
+    reads through a view. From storages and offsets, so it works on real and fake tensors
+    (``optimus.pack_parameters`` asks it of parameters, the rules of Dynamo's fake ones)."""
+    if len(tensors) < 2:
+        return False
+    try:
+        storage, offset = StorageWeakRef(tensors[0].untyped_storage()), tensors[0].storage_offset()
+        for t in tensors:
+            if not t.is_contiguous() or StorageWeakRef(t.untyped_storage()) != storage or t.storage_offset() != offset:
+                return False
+            offset += t.numel()
+    except Exception:  # a tensor without storage (a functional or symbolic one)
+        return False
+    return True
 
 
 def _in_place(ts: Sequence[Tensor]) -> Optional[Tensor]:
@@ -134,7 +153,7 @@ def _register() -> None:
 
     @grouped_linear_params_backward.register_fake
     def _(dy, x, weights, aux, ms, ks, ns, activation, has_bias, need_dx, need_dw, need_db, layout):
-        return co.gl_backward_fake(dy, x, None, weights[0].dtype, ms, ks, ns, has_bias, need_dx, need_dw, need_db, layout)
+        return co.gl_backward_fake(dy, x, weights[0].dtype, ms, ks, ns, has_bias, need_dx, need_dw, need_db, layout)
 
     def gl_setup(ctx, inputs, output):
         x, weights, biases, ms, ks, ns, activation, layout = inputs

@@ -54,6 +54,7 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from .kernels.packed_ops import packed_slot
+from .kernels.param_ops import lies_concatenated
 
 ALIGN_BYTES = 16  # each member starts on a 16-byte boundary (what Inductor assumes of inputs)
 
@@ -256,7 +257,8 @@ def pack_parameters(
         if slot is not None and len(set(map(id, params))) == len(params):
             report.packed.append(PackedGroup(names, tuple(params[0].shape), params[0].dtype, params[0].device, slot, already_packed=True))
             continue
-        if _lie_concatenated(params) and len(set(map(id, params))) == len(params):
+        concatenated = len({tuple(p.shape) for p in params}) > 1 and lies_concatenated(params)
+        if concatenated and len(set(map(id, params))) == len(params):
             report.packed.append(PackedGroup(names, tuple(params[0].shape), params[0].dtype, params[0].device, 0,
                                              already_packed=True, layout="concatenated",
                                              numel=sum(p.numel() for p in params)))
@@ -267,19 +269,6 @@ def pack_parameters(
             continue
         report.packed.append(_pack_group(names, params, align_bytes))
     return report
-
-
-def _lie_concatenated(params: Sequence[torch.Tensor]) -> bool:
-    """Members of different shapes lying one after another in one storage (a concatenated
-    group, packed before)."""
-    if len({tuple(p.shape) for p in params}) == 1:
-        return False
-    storage, offset = StorageWeakRef(params[0].untyped_storage()), params[0].storage_offset()
-    for p in params:
-        if not p.is_contiguous() or StorageWeakRef(p.untyped_storage()) != storage or p.storage_offset() != offset:
-            return False
-        offset += p.numel()
-    return True
 
 
 def _pack_group(names: Sequence[str], params: Sequence[nn.Parameter], align_bytes: int) -> PackedGroup:

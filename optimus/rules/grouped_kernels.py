@@ -67,9 +67,8 @@ from typing import Any, Hashable, Sequence
 
 import torch
 import torch.fx as fx
-from torch.multiprocessing.reductions import StorageWeakRef
-
 from .. import kernels  # noqa: F401  (importing registers the optimus:: custom ops)
+from ..kernels.param_ops import lies_concatenated
 from ..core.group import Group, group_rule
 from ..core.rule import Builder
 from ..core.view import GraphView, is_int, num_outputs
@@ -162,30 +161,19 @@ def _tensor_of(view: GraphView, value: Any) -> torch.Tensor | None:
     return view.tensor_val(value) if isinstance(value, fx.Node) else None
 
 
-def lies_concatenated(view: GraphView, values: Sequence[Any]) -> bool:
-    """The values (parameters, at compile time: Dynamo's fake parameters keep their storage
-    and offsets) lie one after another in one storage, as ``cat`` of their flat views would
-    lay them out (``optimus.pack_parameters``): the parameter-list ops then read them in place."""
+def _lie_concatenated(view: GraphView, values: Sequence[Any]) -> bool:
+    """The values (parameters; at compile time Dynamo's fake parameters keep their storage
+    and offsets) lie as ``cat`` of their flat views would lay them out
+    (``optimus.pack_parameters``): the parameter-list ops then read them in place."""
     ts = [_tensor_of(view, v) for v in values]
-    if len(ts) < 2 or any(t is None for t in ts):
-        return False
-    try:
-        storage = StorageWeakRef(ts[0].untyped_storage())
-        offset = ts[0].storage_offset()
-        for t in ts:
-            if not t.is_contiguous() or StorageWeakRef(t.untyped_storage()) != storage or t.storage_offset() != offset:
-                return False
-            offset += t.numel()
-    except Exception:  # a tensor without storage (a functional or symbolic one): no view
-        return False
-    return True
+    return all(t is not None for t in ts) and lies_concatenated(ts)
 
 
 def _param_copies(view: GraphView, param_lists: Sequence[Sequence[Any] | None]) -> list[Sequence[Any]]:
     """The parameter lists a rewrite copies: none when every list lies concatenated (the
     parameter-list ops read them in place), else all of them (packed by cats in the graph)."""
     lists = [vs for vs in param_lists if vs is not None]
-    return [] if lists and all(lies_concatenated(view, vs) for vs in lists) else lists
+    return [] if lists and all(_lie_concatenated(view, vs) for vs in lists) else lists
 
 
 def _pack_count(view: GraphView, operand_lists: Sequence[Sequence[Any]]) -> int:
@@ -217,7 +205,7 @@ def _columns_of(view: GraphView, xs: Sequence[Any]) -> tuple[fx.Node, list[int]]
     """``(x, order)`` when the members' inputs are the chunks of one ``split(x, sizes, -1)``,
     every chunk read by exactly one member (member ``order[j]`` reads chunk ``j``): the column
     layout then reads ``x`` where it lies, with no pack. ``None`` otherwise."""
-    split, chunk_of = None, {}
+    split, sc, chunk_of = None, None, {}
     for i, v in enumerate(xs):
         call = view.classify(v) if isinstance(v, fx.Node) else None
         if call is None or call.op != "getitem" or not is_int(call.args["index"]):
@@ -236,7 +224,7 @@ def _columns_of(view: GraphView, xs: Sequence[Any]) -> tuple[fx.Node, list[int]]
         chunk_of[int(call.args["index"])] = i
     if split is None or len(chunk_of) != len(xs) or sorted(chunk_of) != list(range(num_outputs(view, split) or -1)):
         return None
-    base = view.classify(split).input
+    base = sc.input
     if _static_shape(view, base) is None:
         return None
     return base, [chunk_of[j] for j in range(len(xs))]
