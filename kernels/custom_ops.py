@@ -38,13 +38,14 @@ tensors under ``TRITON_INTERPRET=1``) and the plain-torch code of ``reference.py
 Importing this module registers them (once per process).
 """
 
-from typing import List, Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import Tensor
 
 from . import reference as ref
 from ._common import NEEDS_PREACT, USES_OUTPUT, activation_code
+from ._library import define
 from ._routing import _ALLOWED_DTYPES, _glk, _lnk, _triton_ok
 
 
@@ -193,109 +194,75 @@ def ln_backward_fake(dy, x, has_w, pdt, rows, widths, has_bias, need_dx, need_dw
 
 
 # ------------------------------------------------------------------------------------------------
-# custom ops
+# the ops (registered through ``_library.define``: see there why not ``torch.library.custom_op``)
 # ------------------------------------------------------------------------------------------------
-def _op_exists(name: str) -> bool:
-    try:
-        return hasattr(torch.ops.optimus, name)
-    except Exception:  # pragma: no cover
-        return False
+GL_SCHEMA = ("(Tensor x, Tensor w, Tensor? b, SymInt[] ms, SymInt[] ks, SymInt[] ns, str activation, "
+             "str layout=\"packed\") -> (Tensor, Tensor)")
+GL_BACKWARD_SCHEMA = ("(Tensor dy, Tensor x, Tensor w, Tensor? aux, SymInt[] ms, SymInt[] ks, SymInt[] ns, "
+                      "str activation, bool has_bias, bool need_dx, bool need_dw, bool need_db, "
+                      "str layout=\"packed\") -> (Tensor, Tensor, Tensor)")
+LN_SCHEMA = ("(Tensor x, Tensor? w, Tensor? b, SymInt[] rows, SymInt[] widths, float eps, "
+             "str layout=\"packed\") -> (Tensor, Tensor)")
+LN_BACKWARD_SCHEMA = ("(Tensor dy, Tensor x, Tensor? w, Tensor stats, SymInt[] rows, SymInt[] widths, "
+                      "bool has_bias, bool need_dx, bool need_dw, bool need_db, "
+                      "str layout=\"packed\") -> (Tensor, Tensor, Tensor)")
+
+
+def _gl_setup(ctx, inputs, output):
+    x, w, b, ms, ks, ns, activation, layout = inputs
+    y, pre = output
+    act = activation_code(activation)
+    aux = pre if act in NEEDS_PREACT else (y if act in USES_OUTPUT else None)
+    ctx.save_for_backward(x, w, aux)
+    ctx.gl_meta = (list(ms), list(ks), list(ns), act, b is not None, layout)
+    ctx.mark_non_differentiable(pre)
+
+
+def _gl_autograd(ctx, gy, gpre):
+    x, w, aux = ctx.saved_tensors
+    ms, ks, ns, act, has_bias, layout = ctx.gl_meta
+    need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+    if gy is None:
+        return (None,) * 8
+    dx, dw, db = torch.ops.optimus.grouped_linear_backward(
+        gy.contiguous(), x, w, aux, ms, ks, ns, act, has_bias, bool(need_dx), bool(need_dw),
+        bool(need_db and has_bias), layout)
+    return (dx if need_dx else None, dw if need_dw else None, db if (need_db and has_bias) else None,
+            None, None, None, None, None)
+
+
+def _ln_setup(ctx, inputs, output):
+    x, w, b, rows, widths, eps, layout = inputs
+    y, stats = output
+    ctx.save_for_backward(x, w, stats)
+    ctx.ln_meta = (list(rows), list(widths), b is not None, layout)
+    ctx.mark_non_differentiable(stats)
+
+
+def _ln_autograd(ctx, gy, gstats):
+    x, w, stats = ctx.saved_tensors
+    rows, widths, has_bias, layout = ctx.ln_meta
+    need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+    if gy is None:
+        return (None,) * 7
+    dx, dw, db = torch.ops.optimus.batched_layer_norm_backward(
+        gy.contiguous(), x, w, stats, rows, widths, has_bias, bool(need_dx),
+        bool(need_dw and w is not None), bool(need_db and has_bias), layout)
+    return (dx if need_dx else None, dw if (need_dw and w is not None) else None,
+            db if (need_db and has_bias) else None, None, None, None, None)
 
 
 def _register_ops():
     """Define the optimus:: ops once per process (the package may be imported under two names)."""
-    if _op_exists("grouped_linear"):
-        return
-
-    # ---------------- grouped linear ----------------
-    @torch.library.custom_op("optimus::grouped_linear", mutates_args=())
-    def grouped_linear_op(x: Tensor, w: Tensor, b: Optional[Tensor], ms: List[int], ks: List[int],
-                          ns: List[int], activation: str, layout: str = "packed") -> Tuple[Tensor, Tensor]:
-        return gl_forward(x, w, b, ms, ks, ns, activation, layout)
-
-    @grouped_linear_op.register_fake
-    def _(x, w, b, ms, ks, ns, activation, layout="packed"):
-        return gl_forward_fake(x, w, b, ms, ks, ns, activation, layout)
-
-    @torch.library.custom_op("optimus::grouped_linear_backward", mutates_args=())
-    def grouped_linear_backward_op(dy: Tensor, x: Tensor, w: Tensor, aux: Optional[Tensor], ms: List[int],
-                                   ks: List[int], ns: List[int], activation: str, has_bias: bool,
-                                   need_dx: bool, need_dw: bool, need_db: bool,
-                                   layout: str = "packed") -> Tuple[Tensor, Tensor, Tensor]:
-        return gl_backward(dy, x, w, aux, ms, ks, ns, activation, has_bias, need_dx, need_dw, need_db, layout)
-
-    @grouped_linear_backward_op.register_fake
-    def _(dy, x, w, aux, ms, ks, ns, activation, has_bias, need_dx, need_dw, need_db, layout="packed"):
-        return gl_backward_fake(dy, x, w.dtype, ms, ks, ns, has_bias, need_dx, need_dw, need_db, layout)
-
-    def gl_setup(ctx, inputs, output):
-        x, w, b, ms, ks, ns, activation = inputs[:7]
-        layout = inputs[7] if len(inputs) > 7 else "packed"
-        y, pre = output
-        act = activation_code(activation)
-        aux = pre if act in NEEDS_PREACT else (y if act in USES_OUTPUT else None)
-        ctx.save_for_backward(x, w, aux)
-        ctx.gl_meta = (list(ms), list(ks), list(ns), act, b is not None, layout)
-        ctx.mark_non_differentiable(pre)
-
-    def gl_autograd(ctx, gy, gpre):
-        x, w, aux = ctx.saved_tensors
-        ms, ks, ns, act, has_bias, layout = ctx.gl_meta
-        need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
-        if gy is None:
-            return None, None, None, None, None, None, None, None
-        dx, dw, db = torch.ops.optimus.grouped_linear_backward(
-            gy.contiguous(), x, w, aux, ms, ks, ns, act, has_bias, bool(need_dx), bool(need_dw),
-            bool(need_db and has_bias), layout)
-        return (dx if need_dx else None, dw if need_dw else None, db if (need_db and has_bias) else None,
-                None, None, None, None, None)
-
-    grouped_linear_op.register_autograd(gl_autograd, setup_context=gl_setup)
-
-    # ---------------- batched layer norm ----------------
-    @torch.library.custom_op("optimus::batched_layer_norm", mutates_args=())
-    def batched_layer_norm_op(x: Tensor, w: Optional[Tensor], b: Optional[Tensor], rows: List[int],
-                              widths: List[int], eps: float, layout: str = "packed") -> Tuple[Tensor, Tensor]:
-        return ln_forward(x, w, b, rows, widths, eps, layout)
-
-    @batched_layer_norm_op.register_fake
-    def _(x, w, b, rows, widths, eps, layout="packed"):
-        return ln_forward_fake(x, w, b, rows, widths, eps, layout)
-
-    @torch.library.custom_op("optimus::batched_layer_norm_backward", mutates_args=())
-    def batched_layer_norm_backward_op(dy: Tensor, x: Tensor, w: Optional[Tensor], stats: Tensor,
-                                       rows: List[int], widths: List[int], has_bias: bool, need_dx: bool,
-                                       need_dw: bool, need_db: bool,
-                                       layout: str = "packed") -> Tuple[Tensor, Tensor, Tensor]:
-        return ln_backward(dy, x, w, stats, rows, widths, has_bias, need_dx, need_dw, need_db, layout)
-
-    @batched_layer_norm_backward_op.register_fake
-    def _(dy, x, w, stats, rows, widths, has_bias, need_dx, need_dw, need_db, layout="packed"):
-        pdt = w.dtype if w is not None else x.dtype
-        return ln_backward_fake(dy, x, w is not None, pdt, rows, widths, has_bias, need_dx, need_dw, need_db, layout)
-
-    def ln_setup(ctx, inputs, output):
-        x, w, b, rows, widths, eps = inputs[:6]
-        layout = inputs[6] if len(inputs) > 6 else "packed"
-        y, stats = output
-        ctx.save_for_backward(x, w, stats)
-        ctx.ln_meta = (list(rows), list(widths), b is not None, layout)
-        ctx.mark_non_differentiable(stats)
-
-    def ln_autograd(ctx, gy, gstats):
-        x, w, stats = ctx.saved_tensors
-        rows, widths, has_bias, layout = ctx.ln_meta
-        need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
-        if gy is None:
-            return None, None, None, None, None, None, None
-        dx, dw, db = torch.ops.optimus.batched_layer_norm_backward(
-            gy.contiguous(), x, w, stats, rows, widths, has_bias, bool(need_dx),
-            bool(need_dw and w is not None), bool(need_db and has_bias), layout)
-        return (dx if need_dx else None, dw if (need_dw and w is not None) else None,
-                db if (need_db and has_bias) else None, None, None, None, None)
-
-    batched_layer_norm_op.register_autograd(ln_autograd, setup_context=ln_setup)
+    define("grouped_linear", GL_SCHEMA, gl_forward, gl_forward_fake, _gl_autograd, _gl_setup)
+    define("grouped_linear_backward", GL_BACKWARD_SCHEMA, gl_backward,
+           lambda dy, x, w, aux, ms, ks, ns, activation, has_bias, need_dx, need_dw, need_db, layout="packed":
+           gl_backward_fake(dy, x, w.dtype, ms, ks, ns, has_bias, need_dx, need_dw, need_db, layout))
+    define("batched_layer_norm", LN_SCHEMA, ln_forward, ln_forward_fake, _ln_autograd, _ln_setup)
+    define("batched_layer_norm_backward", LN_BACKWARD_SCHEMA, ln_backward,
+           lambda dy, x, w, stats, rows, widths, has_bias, need_dx, need_dw, need_db, layout="packed":
+           ln_backward_fake(dy, x, w is not None, w.dtype if w is not None else x.dtype, rows, widths,
+                            has_bias, need_dx, need_dw, need_db, layout))
 
 
 _register_ops()
-

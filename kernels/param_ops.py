@@ -37,7 +37,7 @@ a copy).
 from __future__ import annotations
 
 import collections
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -46,6 +46,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import custom_ops as co
 from ._common import NEEDS_PREACT, USES_OUTPUT, activation_code
+from ._library import define
 
 STATS: collections.Counter = collections.Counter()
 
@@ -116,121 +117,133 @@ def _split_like(flat: Tensor, ts: Sequence[Tensor]) -> List[Tensor]:
     return [c.view(t.shape) for c, t in zip(flat.split(sizes), ts)]
 
 
+GLP_SCHEMA = ("(Tensor x, Tensor[] weights, Tensor[] biases, SymInt[] ms, SymInt[] ks, SymInt[] ns, "
+              "str activation, str layout) -> (Tensor, Tensor)")
+GLP_BACKWARD_SCHEMA = ("(Tensor dy, Tensor x, Tensor[] weights, Tensor? aux, SymInt[] ms, SymInt[] ks, "
+                       "SymInt[] ns, str activation, bool has_bias, bool need_dx, bool need_dw, bool need_db, "
+                       "str layout) -> (Tensor, Tensor, Tensor)")
+LNP_SCHEMA = ("(Tensor x, Tensor[] weights, Tensor[] biases, SymInt[] rows, SymInt[] widths, float eps, "
+              "str layout) -> (Tensor, Tensor)")
+LNP_BACKWARD_SCHEMA = ("(Tensor dy, Tensor x, Tensor[] weights, Tensor stats, SymInt[] rows, SymInt[] widths, "
+                       "bool has_bias, bool need_dx, bool need_dw, bool need_db, str layout) "
+                       "-> (Tensor, Tensor, Tensor)")
+
+
+# ---------------- grouped linear ----------------
+def _gl_check(x, weights, biases, ks, ns):
+    fn = "optimus::grouped_linear_params"
+    if not weights:
+        raise ValueError(f"{fn}: no weights")
+    _check_members(fn, "weights", weights, list(zip(ns, ks)), x)
+    if biases:
+        _check_members(fn, "biases", biases, [(n,) for n in ns], x)
+
+
+def _glp(x, weights, biases, ms, ks, ns, activation, layout):
+    w = concatenated(weights, "weight")
+    b = concatenated(biases, "bias") if biases else None
+    return co.gl_forward(x, w, b, ms, ks, ns, activation, layout)
+
+
+def _glp_fake(x, weights, biases, ms, ks, ns, activation, layout):
+    _gl_check(x, weights, biases, ks, ns)
+    b = _fake_concatenated(biases) if biases else None
+    return co.gl_forward_fake(x, _fake_concatenated(weights), b, ms, ks, ns, activation, layout)
+
+
+def _glp_backward(dy, x, weights, aux, ms, ks, ns, activation, has_bias, need_dx, need_dw, need_db, layout):
+    # the weights are read only for dx
+    w = concatenated(weights, "backward_weight") if need_dx else weights[0].new_empty(sum(t.numel() for t in weights))
+    return co.gl_backward(dy, x, w, aux, ms, ks, ns, activation, has_bias, need_dx, need_dw, need_db, layout)
+
+
+def _glp_backward_fake(dy, x, weights, aux, ms, ks, ns, activation, has_bias, need_dx, need_dw, need_db, layout):
+    return co.gl_backward_fake(dy, x, weights[0].dtype, ms, ks, ns, has_bias, need_dx, need_dw, need_db, layout)
+
+
+def _glp_setup(ctx, inputs, output):
+    x, weights, biases, ms, ks, ns, activation, layout = inputs
+    y, pre = output
+    act = activation_code(activation)
+    aux = pre if act in NEEDS_PREACT else (y if act in USES_OUTPUT else None)
+    ctx.save_for_backward(x, aux, *weights)
+    ctx.gl_meta = (list(ms), list(ks), list(ns), act, len(biases) > 0, layout)
+    ctx.mark_non_differentiable(pre)
+
+
+def _glp_autograd(ctx, gy, gpre):
+    x, aux, *weights = ctx.saved_tensors
+    ms, ks, ns, act, has_bias, layout = ctx.gl_meta
+    need = ctx.needs_input_grad
+    need_dx, need_dw, need_db = bool(need[0]), bool(need[1]), bool(need[2]) and has_bias
+    if gy is None:
+        return (None,) * 8
+    dx, dw, db = torch.ops.optimus.grouped_linear_params_backward(
+        gy.contiguous(), x, weights, aux, ms, ks, ns, act, has_bias, need_dx, need_dw, need_db, layout)
+    dws = _split_like(dw, weights) if need_dw else None
+    dbs = [c for c in db.split(list(ns))] if need_db else ([] if not has_bias else None)
+    return (dx if need_dx else None, dws, dbs, None, None, None, None, None)
+
+
+# ---------------- batched layer norm ----------------
+def _ln_check(x, weights, biases, widths):
+    fn = "optimus::batched_layer_norm_params"
+    for name, ts in (("weights", weights), ("biases", biases)):
+        if ts:
+            _check_members(fn, name, ts, [(d,) for d in widths], x)
+
+
+def _lnp(x, weights, biases, rows, widths, eps, layout):
+    w = concatenated(weights, "norm_weight") if weights else None
+    b = concatenated(biases, "norm_bias") if biases else None
+    return co.ln_forward(x, w, b, rows, widths, eps, layout)
+
+
+def _lnp_fake(x, weights, biases, rows, widths, eps, layout):
+    _ln_check(x, weights, biases, widths)
+    w = _fake_concatenated(weights) if weights else None
+    b = _fake_concatenated(biases) if biases else None
+    return co.ln_forward_fake(x, w, b, rows, widths, eps, layout)
+
+
+def _lnp_backward(dy, x, weights, stats, rows, widths, has_bias, need_dx, need_dw, need_db, layout):
+    w = concatenated(weights, "backward_norm_weight") if weights else None
+    return co.ln_backward(dy, x, w, stats, rows, widths, has_bias, need_dx, need_dw, need_db, layout)
+
+
+def _lnp_backward_fake(dy, x, weights, stats, rows, widths, has_bias, need_dx, need_dw, need_db, layout):
+    pdt = weights[0].dtype if weights else x.dtype
+    return co.ln_backward_fake(dy, x, bool(weights), pdt, rows, widths, has_bias, need_dx, need_dw, need_db, layout)
+
+
+def _lnp_setup(ctx, inputs, output):
+    x, weights, biases, rows, widths, eps, layout = inputs
+    y, stats = output
+    ctx.save_for_backward(x, stats, *weights)
+    ctx.ln_meta = (list(rows), list(widths), len(weights) > 0, len(biases) > 0, layout)
+    ctx.mark_non_differentiable(stats)
+
+
+def _lnp_autograd(ctx, gy, gstats):
+    x, stats, *weights = ctx.saved_tensors
+    rows, widths, has_w, has_bias, layout = ctx.ln_meta
+    need = ctx.needs_input_grad
+    need_dx, need_dw, need_db = bool(need[0]), bool(need[1]) and has_w, bool(need[2]) and has_bias
+    if gy is None:
+        return (None,) * 7
+    dx, dw, db = torch.ops.optimus.batched_layer_norm_params_backward(
+        gy.contiguous(), x, weights, stats, rows, widths, has_bias, need_dx, need_dw, need_db, layout)
+    dws = list(dw.split(list(widths))) if need_dw else ([] if not has_w else None)
+    dbs = list(db.split(list(widths))) if need_db else ([] if not has_bias else None)
+    return (dx if need_dx else None, dws, dbs, None, None, None, None)
+
+
 def _register() -> None:
-    if co._op_exists("grouped_linear_params"):
-        return
-
-    # ---------------- grouped linear ----------------
-    def gl_check(x, weights, biases, ks, ns):
-        fn = "optimus::grouped_linear_params"
-        if not weights:
-            raise ValueError(f"{fn}: no weights")
-        _check_members(fn, "weights", weights, list(zip(ns, ks)), x)
-        if biases:
-            _check_members(fn, "biases", biases, [(n,) for n in ns], x)
-
-    @torch.library.custom_op("optimus::grouped_linear_params", mutates_args=())
-    def grouped_linear_params(x: Tensor, weights: List[Tensor], biases: List[Tensor], ms: List[int], ks: List[int],
-                              ns: List[int], activation: str, layout: str) -> Tuple[Tensor, Tensor]:
-        w = concatenated(weights, "weight")
-        b = concatenated(biases, "bias") if biases else None
-        return co.gl_forward(x, w, b, ms, ks, ns, activation, layout)
-
-    @grouped_linear_params.register_fake
-    def _(x, weights, biases, ms, ks, ns, activation, layout):
-        gl_check(x, weights, biases, ks, ns)
-        b = _fake_concatenated(biases) if biases else None
-        return co.gl_forward_fake(x, _fake_concatenated(weights), b, ms, ks, ns, activation, layout)
-
-    @torch.library.custom_op("optimus::grouped_linear_params_backward", mutates_args=())
-    def grouped_linear_params_backward(dy: Tensor, x: Tensor, weights: List[Tensor], aux: Optional[Tensor],
-                                       ms: List[int], ks: List[int], ns: List[int], activation: str, has_bias: bool,
-                                       need_dx: bool, need_dw: bool, need_db: bool,
-                                       layout: str) -> Tuple[Tensor, Tensor, Tensor]:
-        # the weights are read only for dx
-        w = concatenated(weights, "backward_weight") if need_dx else weights[0].new_empty(sum(t.numel() for t in weights))
-        return co.gl_backward(dy, x, w, aux, ms, ks, ns, activation, has_bias, need_dx, need_dw, need_db, layout)
-
-    @grouped_linear_params_backward.register_fake
-    def _(dy, x, weights, aux, ms, ks, ns, activation, has_bias, need_dx, need_dw, need_db, layout):
-        return co.gl_backward_fake(dy, x, weights[0].dtype, ms, ks, ns, has_bias, need_dx, need_dw, need_db, layout)
-
-    def gl_setup(ctx, inputs, output):
-        x, weights, biases, ms, ks, ns, activation, layout = inputs
-        y, pre = output
-        act = activation_code(activation)
-        aux = pre if act in NEEDS_PREACT else (y if act in USES_OUTPUT else None)
-        ctx.save_for_backward(x, aux, *weights)
-        ctx.gl_meta = (list(ms), list(ks), list(ns), act, len(biases) > 0, layout)
-
-    def gl_autograd(ctx, gy, gpre):
-        x, aux, *weights = ctx.saved_tensors
-        ms, ks, ns, act, has_bias, layout = ctx.gl_meta
-        need = ctx.needs_input_grad
-        need_dx, need_dw, need_db = bool(need[0]), bool(need[1]), bool(need[2]) and has_bias
-        if gy is None:
-            return (None,) * 8
-        dx, dw, db = torch.ops.optimus.grouped_linear_params_backward(
-            gy.contiguous(), x, weights, aux, ms, ks, ns, act, has_bias, need_dx, need_dw, need_db, layout)
-        dws = _split_like(dw, weights) if need_dw else None
-        dbs = [c for c in db.split(list(ns))] if need_db else ([] if not has_bias else None)
-        return (dx if need_dx else None, dws, dbs, None, None, None, None, None)
-
-    grouped_linear_params.register_autograd(gl_autograd, setup_context=gl_setup)
-
-    # ---------------- batched layer norm ----------------
-    def ln_check(x, weights, biases, widths):
-        fn = "optimus::batched_layer_norm_params"
-        for name, ts in (("weights", weights), ("biases", biases)):
-            if ts:
-                _check_members(fn, name, ts, [(d,) for d in widths], x)
-
-    @torch.library.custom_op("optimus::batched_layer_norm_params", mutates_args=())
-    def batched_layer_norm_params(x: Tensor, weights: List[Tensor], biases: List[Tensor], rows: List[int],
-                                  widths: List[int], eps: float, layout: str) -> Tuple[Tensor, Tensor]:
-        w = concatenated(weights, "norm_weight") if weights else None
-        b = concatenated(biases, "norm_bias") if biases else None
-        return co.ln_forward(x, w, b, rows, widths, eps, layout)
-
-    @batched_layer_norm_params.register_fake
-    def _(x, weights, biases, rows, widths, eps, layout):
-        ln_check(x, weights, biases, widths)
-        w = _fake_concatenated(weights) if weights else None
-        b = _fake_concatenated(biases) if biases else None
-        return co.ln_forward_fake(x, w, b, rows, widths, eps, layout)
-
-    @torch.library.custom_op("optimus::batched_layer_norm_params_backward", mutates_args=())
-    def batched_layer_norm_params_backward(dy: Tensor, x: Tensor, weights: List[Tensor], stats: Tensor,
-                                           rows: List[int], widths: List[int], has_bias: bool, need_dx: bool,
-                                           need_dw: bool, need_db: bool, layout: str) -> Tuple[Tensor, Tensor, Tensor]:
-        w = concatenated(weights, "backward_norm_weight") if weights else None
-        return co.ln_backward(dy, x, w, stats, rows, widths, has_bias, need_dx, need_dw, need_db, layout)
-
-    @batched_layer_norm_params_backward.register_fake
-    def _(dy, x, weights, stats, rows, widths, has_bias, need_dx, need_dw, need_db, layout):
-        pdt = weights[0].dtype if weights else x.dtype
-        return co.ln_backward_fake(dy, x, bool(weights), pdt, rows, widths, has_bias, need_dx, need_dw, need_db, layout)
-
-    def ln_setup(ctx, inputs, output):
-        x, weights, biases, rows, widths, eps, layout = inputs
-        y, stats = output
-        ctx.save_for_backward(x, stats, *weights)
-        ctx.ln_meta = (list(rows), list(widths), len(weights) > 0, len(biases) > 0, layout)
-
-    def ln_autograd(ctx, gy, gstats):
-        x, stats, *weights = ctx.saved_tensors
-        rows, widths, has_w, has_bias, layout = ctx.ln_meta
-        need = ctx.needs_input_grad
-        need_dx, need_dw, need_db = bool(need[0]), bool(need[1]) and has_w, bool(need[2]) and has_bias
-        if gy is None:
-            return (None,) * 7
-        dx, dw, db = torch.ops.optimus.batched_layer_norm_params_backward(
-            gy.contiguous(), x, weights, stats, rows, widths, has_bias, need_dx, need_dw, need_db, layout)
-        dws = list(dw.split(list(widths))) if need_dw else ([] if not has_w else None)
-        dbs = list(db.split(list(widths))) if need_db else ([] if not has_bias else None)
-        return (dx if need_dx else None, dws, dbs, None, None, None, None)
-
-    batched_layer_norm_params.register_autograd(ln_autograd, setup_context=ln_setup)
+    """Define the parameter-list ops once per process (``_library.define``)."""
+    define("grouped_linear_params", GLP_SCHEMA, _glp, _glp_fake, _glp_autograd, _glp_setup)
+    define("grouped_linear_params_backward", GLP_BACKWARD_SCHEMA, _glp_backward, _glp_backward_fake)
+    define("batched_layer_norm_params", LNP_SCHEMA, _lnp, _lnp_fake, _lnp_autograd, _lnp_setup)
+    define("batched_layer_norm_params_backward", LNP_BACKWARD_SCHEMA, _lnp_backward, _lnp_backward_fake)
 
 
 _register()
