@@ -52,6 +52,7 @@ import triton
 import triton.language as tl
 
 from . import _devtables as _dt
+from ._launch import launch as _launch_direct
 from . import reference as ref
 from ._common import cdiv, device_guard, interpret_mode, num_sms, past_int32_limits
 
@@ -650,7 +651,7 @@ def _run_on_device(which, tuned, raw, grid, args, kwargs, key):
             except AttributeError:  # pragma: no cover - other Triton versions
                 _CHOSEN[ck] = _VIA_TUNER
         return
-    raw[grid](*args, **kwargs, **meta)
+    _launch_direct(raw, grid, args, kwargs, meta)
 
 
 def _check_limits(sig):
@@ -688,11 +689,9 @@ def launch_backward(sig, gtab, x, dy, dx, w, stats, dw, db, has_b, align):
         bc = 512 if _INTERPRET else 128
         grid = (sig.G, cdiv(sig.max_d, bc))
         with device_guard(dev):
-            _ln_reduce_kernel[grid](
-                part, dw if has_w else part, db if has_b else part, gtab, sig.tot_p,
-                HAS_W=has_w, HAS_B=has_b, BLOCK_J=8 if _INTERPRET else 32, BLOCK_C=bc,
-                num_warps=1 if _INTERPRET else 4,
-            )
+            _launch_direct(_ln_reduce_kernel, grid, (part, dw if has_w else part, db if has_b else part, gtab, sig.tot_p),
+                           dict(HAS_W=has_w, HAS_B=has_b, BLOCK_J=8 if _INTERPRET else 32, BLOCK_C=bc),
+                           dict(num_warps=1 if _INTERPRET else 4))
 
 
 def _x_shape(sig):

@@ -72,6 +72,7 @@ import triton
 import triton.language as tl
 
 from . import _devtables as _dt
+from ._launch import launch as _launch_direct
 from . import reference as ref
 from ._common import (ACTIVATIONS, NEEDS_PREACT, cdiv, device_guard, interpret_mode, next_pow2, num_sms,
                       past_int32_limits, torch_allows_tf32)
@@ -794,7 +795,7 @@ def _launch_on_device(kind, sig, args, kwargs, flags):
             if meta is None:
                 _CHOSEN[ck] = _chosen_meta(tuned)
             return
-    raw[_grid(sig, kind, meta, dev)](*args, **kwargs, **meta)
+    _launch_direct(raw, _grid(sig, kind, meta, dev), args, kwargs, meta)
 
 
 def launch_forward(sig, tab, x, w, b, y, z, act, align):

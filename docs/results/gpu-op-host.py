@@ -14,7 +14,8 @@ backward, from the outside in:
 Host time per call is the wall clock of N back-to-back calls (no synchronisation inside) divided
 by N; ``wall`` adds the final synchronisation (the device's time when the device is the
 bottleneck). With ``--profile`` it also writes cProfile's top functions of 200 ``op`` calls.
-One JSON file to ``$OUT/op-host.json``; a table last.
+One JSON file to ``$OUT/op-host$DIAG_TAG.json``; a table last. ``OPTIMUS_KERNELS_DIRECT_LAUNCH=0``
+measures the launches through the JIT (kernels/_launch.py).
 
     python docs/results/gpu-op-host.py [--profile]
 """
@@ -137,7 +138,9 @@ def main() -> None:
             prof[name] = [[f"{os.path.basename(f)}:{ln_}({fn})", cc // 200, round(tt / 200 * 1e6, 2), round(ct / 200 * 1e6, 2)]
                           for (f, ln_, fn), (cc, nc, tt, ct, _) in top]
         result["pyprof_per_call_us"] = prof
-    with open(os.path.join(os.environ.get("OUT", "."), "op-host.json"), "w") as f:
+    result["direct_launch"] = os.environ.get("OPTIMUS_KERNELS_DIRECT_LAUNCH", "1")
+    name = f"op-host{os.environ.get('DIAG_TAG', '')}.json"
+    with open(os.path.join(os.environ.get("OUT", "."), name), "w") as f:
         json.dump(result, f, indent=1)
     print(f"{'case':28s} {'host us':>9s} {'wall us':>9s}")
     for k, v in rows.items():
