@@ -381,7 +381,7 @@ def test_tanh_activation_is_accurate_near_zero_gpu():
     assert max_tanh_ulps(y[:, 0], z) <= 8
 
 
-def test_grouped_ops_under_cudagraph_trees_gpu(monkeypatch):
+def test_grouped_ops_under_cudagraph_trees_gpu():
     """The rules' custom ops compiled with mode="reduce-overhead" (cudagraph trees): warm-up,
     record and replays leave no cached table in the graph pool ("tensors in the cudagraph pool
     not tracked as outputs", H200 run 4) and replays match eager, training and inference."""
@@ -392,7 +392,7 @@ def test_grouped_ops_under_cudagraph_trees_gpu(monkeypatch):
 
     oc = importlib.import_module("optimus.compile")  # the module; ``optimus.compile`` is the function
 
-    monkeypatch.setenv(oc.CUDAGRAPH_KERNELS_ENV, "1")  # keep the kernel rules under CUDA graphs
+    assert "grouped_linear" not in oc.CUDAGRAPH_UNSAFE_RULES  # on under CUDA graphs by default
     for train in (False, True):
         torch._dynamo.reset()
         z = get_model("hetero_towers", "small", device="cuda")
