@@ -14,7 +14,7 @@ for mode in train infer; do
       CONFIGS=inductor,optimus,optimus-packed bash docs/results/gpu-run-14.sh > $R/run28-$mode.out 2>&1 &
 done
 wait
-rm -rf $OUT/grouped/*.json.tmp 2>/dev/null
+(cd $OUT && tar czf run28-extra.tgz grouped run28-*-pieces.tgz && rm -rf grouped run28-*-pieces.tgz)  # few files come back
 tail -n 3 $R/run28-train.out $R/run28-infer.out
 grep -A12 "Step ms\|case " $OUT/run28-bench-grouped.txt | tail -24
 tail -1 $OUT/run28-diag.log
