@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import os
 
+import numpy as np
 import torch
 
 from ._common import interpret_mode
@@ -34,6 +35,7 @@ __all__ = ["launch", "STATS", "set_direct"]
 STATS: collections.Counter = collections.Counter()
 _DIRECT = os.environ.get("OPTIMUS_KERNELS_DIRECT_LAUNCH", "1") != "0" and not interpret_mode()
 _CACHE: dict = {}
+_CAPACITY = 4096
 _UNSUPPORTED = object()  # the compiled kernel of this entry cannot be called directly
 _I32 = (-(2 ** 31), 2 ** 31)
 
@@ -53,7 +55,8 @@ def _spec(args) -> tuple:
             out.append((a.dtype, a.data_ptr() % 16 == 0))
         elif isinstance(a, bool):
             out.append(("b", a))
-        elif isinstance(a, int):
+        elif isinstance(a, (int, np.integer)):
+            a = int(a)
             out.append((a == 1, a % 16 == 0, _I32[0] <= a < _I32[1], a < 2 ** 63))
         elif isinstance(a, float):
             out.append("f")
@@ -96,6 +99,8 @@ def launch(fn, grid, args, constexprs: dict, options: dict) -> None:
         compiled = fn[grid](*args, **constexprs, **options)
         STATS["jit"] += 1
         if entry is None:
+            if len(_CACHE) >= _CAPACITY:  # bounded (a compiled kernel stays in the JIT's own cache)
+                _CACHE.clear()
             named = {**constexprs, **options}
             _CACHE[key] = (compiled, _tail(fn, compiled, len(args), named) if compiled is not None else _UNSUPPORTED)
         return

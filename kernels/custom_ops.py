@@ -1,5 +1,5 @@
-"""The ``optimus::`` custom ops (``torch.library``): registration, fake implementations,
-autograd, and the checks of their packed arguments.
+"""The ``optimus::`` ops (``torch.library``, through ``_library.define``): registration, fake
+implementations, autograd, and the checks of their packed arguments.
 
 Every op is on the *packed* convention: every member's tensor is flattened and the members
 are concatenated into one contiguous 1-D buffer per operand, in member order; the shapes
@@ -31,7 +31,7 @@ of one split (towers over one input's features), so nothing is packed and the re
 column blocks of one buffer a following cat reads in place. W, b, stats and dW / db are packed
 in both layouts.
 
-The forward ops have autograd registered (``register_autograd``) through the backward ops, and
+The forward ops have an autograd formula (``_library.define``) through the backward ops, and
 fake implementations, so ``torch.compile(fullgraph=True)`` traces them (Inductor treats them as
 opaque extern kernels).  Their implementation is the Triton kernels for CUDA tensors (or CPU
 tensors under ``TRITON_INTERPRET=1``) and the plain-torch code of ``reference.py`` otherwise.

@@ -8,6 +8,7 @@ Triton; the GPU test launches a real kernel both ways.
 
 import types
 
+import numpy as np
 import pytest
 import torch
 
@@ -99,7 +100,8 @@ def test_same_facts_share_a_compiled_kernel(direct):
     a, b = torch.zeros(64), torch.zeros(128)  # both 16-byte aligned, sizes 64 and 128 both multiples of 16
     direct.launch(fn, (1,), (a, 64), dict(BLOCK=32), {})
     direct.launch(fn, (1,), (b, 128), dict(BLOCK=32), {})
-    assert [c[0] for c in fn.calls] == ["jit", "direct"]
+    direct.launch(fn, (1,), (b, np.int64(256)), dict(BLOCK=32), {})  # a NumPy int: the same facts
+    assert [c[0] for c in fn.calls] == ["jit", "direct", "direct"]
     assert fn.calls[1][2][0] is b and fn.calls[1][2][1] == 128
 
 
