@@ -689,7 +689,8 @@ def launch_backward(sig, gtab, x, dy, dx, w, stats, dw, db, has_b, align):
         bc = 512 if _INTERPRET else 128
         grid = (sig.G, cdiv(sig.max_d, bc))
         with device_guard(dev):
-            _launch_direct(_ln_reduce_kernel, grid, (part, dw if has_w else part, db if has_b else part, gtab, sig.tot_p),
+            _launch_direct(_ln_reduce_kernel, grid,
+                           (part, dw if has_w else part, db if has_b else part, gtab, sig.tot_p),
                            dict(HAS_W=has_w, HAS_B=has_b, BLOCK_J=8 if _INTERPRET else 32, BLOCK_C=bc),
                            dict(num_warps=1 if _INTERPRET else 4))
 
