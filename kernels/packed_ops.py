@@ -38,11 +38,13 @@ the copy. Why this is safe:
 from __future__ import annotations
 
 import collections
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
 from torch.multiprocessing.reductions import StorageWeakRef
+
+from ._library import define
 
 STATS: collections.Counter = collections.Counter()
 
@@ -113,65 +115,63 @@ def _check(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor]) -> No
                 raise ValueError(f"{fn}: bias {i} is {tuple(b.shape)} {b.dtype} on {b.device}; expected ({weights[0].shape[0]},) {x.dtype}")
 
 
-def _op_exists(name: str) -> bool:
-    try:
-        return hasattr(torch.ops.optimus, name)
-    except Exception:  # pragma: no cover
-        return False
+PL_SCHEMA = "(Tensor x, Tensor[] weights, Tensor[] biases) -> Tensor"
+PL_BACKWARD_SCHEMA = ("(Tensor dy, Tensor x, Tensor[] weights, bool need_dx, bool need_dw, bool need_db) "
+                      "-> (Tensor, Tensor, Tensor)")
+
+
+def _packed_linear(x, weights, biases):
+    # the shapes were checked when the op was traced (fake implementation); here a
+    # mismatch makes stack / bmm raise, and the view path checks every member itself
+    w = stacked(weights, "weight")
+    if not biases:
+        return torch.bmm(x, w.mT)
+    return torch.baddbmm(stacked(biases, "bias").unsqueeze(1), x, w.mT)
+
+
+def _packed_linear_fake(x, weights, biases):
+    _check(x, weights, biases)
+    return x.new_empty((x.shape[0], x.shape[1], weights[0].shape[0]))
+
+
+def _packed_linear_backward(dy, x, weights, need_dx, need_dw, need_db):
+    dx = torch.bmm(dy, stacked(weights, "backward_weight")) if need_dx else dy.new_empty(0)
+    dw = torch.bmm(dy.mT, x) if need_dw else dy.new_empty(0)
+    db = dy.sum(1) if need_db else dy.new_empty(0)
+    return dx, dw, db
+
+
+def _packed_linear_backward_fake(dy, x, weights, need_dx, need_dw, need_db):
+    g, m, n = dy.shape
+    k = x.shape[2]
+    return (dy.new_empty((g, m, k)) if need_dx else dy.new_empty(0),
+            dy.new_empty((g, n, k)) if need_dw else dy.new_empty(0),
+            dy.new_empty((g, n)) if need_db else dy.new_empty(0))
+
+
+def _setup(ctx, inputs, output):
+    x, weights, biases = inputs
+    ctx.save_for_backward(x, *weights)
+    ctx.has_bias = len(biases) > 0
+
+
+def _backward(ctx, dy):
+    x, *weights = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    need_dx, need_dw, need_db = bool(need[0]), bool(need[1]), bool(need[2]) and ctx.has_bias
+    if dy is None:
+        return None, None, None
+    dx, dw, db = torch.ops.optimus.packed_linear_backward(dy, x, weights, need_dx, need_dw, need_db)
+    # rows of one (G, N, K) buffer: each in its parameter's strides
+    return (dx if need_dx else None,
+            list(dw.unbind(0)) if need_dw else None,
+            list(db.unbind(0)) if need_db else ([] if not ctx.has_bias else None))
 
 
 def _register() -> None:
-    if _op_exists("packed_linear"):
-        return
-
-    @torch.library.custom_op("optimus::packed_linear", mutates_args=())
-    def packed_linear(x: Tensor, weights: List[Tensor], biases: List[Tensor]) -> Tensor:
-        # the shapes were checked when the op was traced (fake implementation); here a
-        # mismatch makes stack / bmm raise, and the view path checks every member itself
-        w = stacked(weights, "weight")
-        if not biases:
-            return torch.bmm(x, w.mT)
-        return torch.baddbmm(stacked(biases, "bias").unsqueeze(1), x, w.mT)
-
-    @packed_linear.register_fake
-    def _(x, weights, biases):
-        _check(x, weights, biases)
-        return x.new_empty((x.shape[0], x.shape[1], weights[0].shape[0]))
-
-    @torch.library.custom_op("optimus::packed_linear_backward", mutates_args=())
-    def packed_linear_backward(dy: Tensor, x: Tensor, weights: List[Tensor], need_dx: bool, need_dw: bool,
-                               need_db: bool) -> Tuple[Tensor, Tensor, Tensor]:
-        dx = torch.bmm(dy, stacked(weights, "backward_weight")) if need_dx else dy.new_empty(0)
-        dw = torch.bmm(dy.mT, x) if need_dw else dy.new_empty(0)
-        db = dy.sum(1) if need_db else dy.new_empty(0)
-        return dx, dw, db
-
-    @packed_linear_backward.register_fake
-    def _(dy, x, weights, need_dx, need_dw, need_db):
-        g, m, n = dy.shape
-        k = x.shape[2]
-        return (dy.new_empty((g, m, k)) if need_dx else dy.new_empty(0),
-                dy.new_empty((g, n, k)) if need_dw else dy.new_empty(0),
-                dy.new_empty((g, n)) if need_db else dy.new_empty(0))
-
-    def setup(ctx, inputs, output):
-        x, weights, biases = inputs
-        ctx.save_for_backward(x, *weights)
-        ctx.has_bias = len(biases) > 0
-
-    def backward(ctx, dy):
-        x, *weights = ctx.saved_tensors
-        need = ctx.needs_input_grad
-        need_dx, need_dw, need_db = bool(need[0]), bool(need[1]), bool(need[2]) and ctx.has_bias
-        if dy is None:
-            return None, None, None
-        dx, dw, db = torch.ops.optimus.packed_linear_backward(dy, x, weights, need_dx, need_dw, need_db)
-        # rows of one (G, N, K) buffer: each in its parameter's strides
-        return (dx if need_dx else None,
-                list(dw.unbind(0)) if need_dw else None,
-                list(db.unbind(0)) if need_db else ([] if not ctx.has_bias else None))
-
-    packed_linear.register_autograd(backward, setup_context=setup)
+    """Define the ops once per process (``_library.define``: the lean registration)."""
+    define("packed_linear", PL_SCHEMA, _packed_linear, _packed_linear_fake, _backward, _setup)
+    define("packed_linear_backward", PL_BACKWARD_SCHEMA, _packed_linear_backward, _packed_linear_backward_fake)
 
 
 _register()
