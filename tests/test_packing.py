@@ -639,17 +639,27 @@ def test_packed_weights_with_a_long_weight_gradient_keep_the_stacked_form():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("mode", [None, "reduce-overhead"])
 def test_packed_model_on_the_gpu_with_and_without_cuda_graphs(mode):
-    """The view path on CUDA, also captured in a CUDA graph (the op keeps no buffers)."""
+    """The view path on CUDA; under CUDA graphs, where ``batch_linear`` stacks packed weights
+    (``compile.CUDAGRAPH_UNSAFE_OPTIONS``), the packed model trains as eager does.
+
+    Under CUDA graphs each step starts with ``cudagraph_mark_step_begin`` and the gradients are
+    compared and dropped per step: a replay reuses the graph's memory, so a gradient kept from
+    an earlier replay (as ``.grad`` accumulation would) is overwritten (H200 run 31: "accessing
+    tensor output of CUDAGraphs that has been overwritten by a subsequent run")."""
     model, ref = make().cuda(), make().cuda()
     stats = _packed_op_stats()
     before, stacked_before = stats["weight_view"], stats["weight_stack"]
     compiled = optimus.compile(model, pack_parameters=True, mode=mode)
     for step in range(3):
+        if mode == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()
         x = inputs(seed=step).cuda()
         out, out_ref = compiled(x), ref(x)
         torch.testing.assert_close(out, out_ref, rtol=1e-4, atol=1e-5)
         out.square().sum().backward()
         out_ref.square().sum().backward()
-    assert stats["weight_view"] > before and stats["weight_stack"] == stacked_before
-    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=n)
+        for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=n)
+            p.grad = q.grad = None
+    if mode is None:  # under CUDA graphs batch_linear stacks packed weights (CUDAGRAPH_UNSAFE_OPTIONS)
+        assert stats["weight_view"] > before and stats["weight_stack"] == stacked_before
