@@ -38,12 +38,14 @@ class _Compiled:
 
 
 class _Jit:
-    """A stand-in for a ``@triton.jit`` function of parameters (x_ptr, n, BLOCK, FLAG=False)."""
+    """A stand-in for a ``@triton.jit`` function of parameters (x_ptr, n, BLOCK, FLAG=False);
+    ``compiled_names``: the parameters of the compiled kernels it returns (another Triton's may
+    differ)."""
 
-    def __init__(self, names=("x_ptr", "n", "BLOCK", "FLAG")):
+    def __init__(self, compiled_names=("x_ptr", "n", "BLOCK", "FLAG")):
         self.arg_names = ["x_ptr", "n", "BLOCK", "FLAG"]
         self.params = [_Param("x_ptr"), _Param("n"), _Param("BLOCK"), _Param("FLAG", False, True)]
-        self.calls, self.compiled_names = [], list(names)
+        self.calls, self.compiled_names = [], list(compiled_names)
 
     def __getitem__(self, grid):
         def run(*args, **kwargs):
@@ -106,7 +108,7 @@ def test_same_facts_share_a_compiled_kernel(direct):
 
 
 def test_a_compiled_kernel_of_another_shape_is_never_called_directly(direct):
-    fn = _Jit(names=("x_ptr", "BLOCK"))  # its parameters differ from the jitted function's
+    fn = _Jit(compiled_names=("x_ptr", "BLOCK"))  # its parameters differ from the jitted function's
     for _ in range(3):
         direct.launch(fn, (1,), (torch.zeros(4), 4), dict(BLOCK=32), {})
     assert [c[0] for c in fn.calls] == ["jit"] * 3
