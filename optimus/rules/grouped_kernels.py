@@ -264,17 +264,32 @@ def _input_copies(g: Group) -> list[Any] | None:
     return None if _column_layout(g) is not None else [c.input for c in g.members]
 
 
-def _emit_columns(b: Builder, base: fx.Node, lead: tuple[int, ...], width: int) -> fx.Node:
-    """``base`` as the kernels' (M, width) matrix (a view of a contiguous base; the op makes
-    it contiguous where it is not)."""
-    rows = math.prod(lead)
-    return b.value(base) if len(lead) == 1 else b.reshape(b.value(base), [rows, width])
+def _in_chunk_order(order: Sequence[int], *lists: Sequence[Any] | None) -> list[list[Any] | None]:
+    """Each list (None stays None) reordered to the split's chunk order (``_columns_of``)."""
+    return [[vs[i] for i in order] if vs is not None else None for vs in lists]
 
 
-def _unemit_columns(b: Builder, out: fx.Node, lead: tuple[int, ...], widths: Sequence[int]) -> list[fx.Node]:
-    """The members' results: column blocks of the (M, sum widths) result (strided views)."""
-    y = out if len(lead) == 1 else b.reshape(out, list(lead) + [sum(widths)])
-    return b.split(y, list(widths), len(lead)) if len(widths) > 1 else [y]
+def _emit_input(b: Builder, columns: tuple[fx.Node, list[int]] | None, xs: Sequence[Any],
+                shapes: Sequence[Sequence[int]]) -> tuple[fx.Node, str]:
+    """The op's x and its layout: with ``columns``, the split's input where it lies, as the
+    kernels' (M, sum widths) matrix (a view of a contiguous base; the op makes it contiguous
+    where it is not); otherwise the pack of ``xs``."""
+    if columns is None:
+        return _pack(b, xs), "packed"
+    lead, width = tuple(shapes[0][:-1]), sum(s[-1] for s in shapes)
+    base = b.value(columns[0])
+    return (base if len(lead) == 1 else b.reshape(base, [math.prod(lead), width])), "columns"
+
+
+def _emit_results(b: Builder, y: fx.Node, columns: tuple[fx.Node, list[int]] | None,
+                  shapes: Sequence[Sequence[int]]) -> list[fx.Node]:
+    """The members' results (``shapes``) from the op's y: column blocks of the (M, sum widths)
+    result (strided views) with ``columns``, else the unpack of the packed y."""
+    if columns is None:
+        return _unpack(b, y, shapes)
+    lead, widths = tuple(shapes[0][:-1]), [s[-1] for s in shapes]
+    out = y if len(lead) == 1 else b.reshape(y, list(lead) + [sum(widths)])
+    return b.split(out, widths, len(lead)) if len(widths) > 1 else [out]
 
 
 def _linear_copies(g: Group) -> list[list[Any]]:
@@ -339,30 +354,21 @@ def _emit_grouped_linear(g: Group, b: Builder, xs: list[Any], ws_nk: list[Any], 
     olds = list(act_nodes if act_nodes is not None else g.nodes)
     columns = _column_layout(g)
     if columns is not None:
-        base, order = columns
-        xs, ws_nk, x_shapes, ns, olds = ([v[i] for i in order] for v in (xs, ws_nk, x_shapes, ns, olds))
-        bs = [bs[i] for i in order] if bs is not None else None
+        xs, ws_nk, x_shapes, ns, olds, bs = _in_chunk_order(columns[1], xs, ws_nk, x_shapes, ns, olds, bs)
     ks = [s[-1] for s in x_shapes]
     ms = [math.prod(s[:-1]) for s in x_shapes]
     before = len(g.members) * (2 if act is not None else 1)
     param_lists = [ws_nk] + ([bs] if bs is not None else [])
     params = params and not _param_copies(g.view, param_lists)  # every list lies concatenated
     _check_profitable(g, before, ([] if columns is not None else [xs]) + ([] if params else param_lists))
-    if columns is not None:
-        lead = tuple(x_shapes[0][:-1])
-        x, layout = _emit_columns(b, columns[0], lead, sum(ks)), "columns"
-    else:
-        x, layout = _pack(b, xs), "packed"
+    x, layout = _emit_input(b, columns, xs, x_shapes)
     if params:
         out = b.emit("grouped_linear_params", x, [b.value(v) for v in ws_nk], [b.value(v) for v in bs or []],
                      ms, ks, ns, act or "none", layout)
     else:
         packed_b = b.cat([b.value(v) for v in bs], 0) if bs is not None and len(bs) > 1 else (b.value(bs[0]) if bs else None)
         out = b.emit("grouped_linear", x, _pack(b, ws_nk), packed_b, ms, ks, ns, act or "none", layout)
-    if columns is not None:
-        results = _unemit_columns(b, b.getitem(out, 0), lead, ns)
-    else:
-        results = _unpack(b, b.getitem(out, 0), [tuple(s[:-1]) + (n,) for s, n in zip(x_shapes, ns)])
+    results = _emit_results(b, b.getitem(out, 0), columns, [tuple(s[:-1]) + (n,) for s, n in zip(x_shapes, ns)])
     return dict(zip(olds, results))
 
 
@@ -537,10 +543,7 @@ def batched_layer_norm(g: Group, b: Builder) -> dict[fx.Node, fx.Node]:
     bs = [c.args["bias"] for c in g.members] if a0["bias"] is not None else None
     columns = _column_layout(g)
     if columns is not None:  # the inputs side by side in one matrix: read in place (see grouped_linear)
-        order = columns[1]
-        xs, olds = [xs[i] for i in order], [olds[i] for i in order]
-        ws = [ws[i] for i in order] if ws is not None else None
-        bs = [bs[i] for i in order] if bs is not None else None
+        xs, olds, ws, bs = _in_chunk_order(columns[1], xs, olds, ws, bs)
     shapes = [_static_shape(g.view, x) for x in xs]
     widths = [s[-1] for s in shapes]  # type: ignore[index]
     rows = [math.prod(s[:-1]) for s in shapes]  # type: ignore[index]
@@ -548,21 +551,14 @@ def batched_layer_norm(g: Group, b: Builder) -> dict[fx.Node, fx.Node]:
     in_place = bool(param_lists) and not _param_copies(g.view, param_lists)  # packed by pack_parameters
     _check_profitable(g, len(g.members), ([] if columns is not None else [xs]) + ([] if in_place else param_lists))
     eps = float(a0["eps"])
-    if columns is not None:
-        lead = tuple(shapes[0][:-1])  # type: ignore[index]
-        x, layout = _emit_columns(b, columns[0], lead, sum(widths)), "columns"
-    else:
-        x, layout = _pack(b, xs), "packed"
+    x, layout = _emit_input(b, columns, xs, shapes)  # type: ignore[arg-type]
     if in_place:
         out = b.emit("batched_layer_norm_params", x, [b.value(v) for v in ws or []], [b.value(v) for v in bs or []],
                      rows, widths, eps, layout)
     else:
         out = b.emit("batched_layer_norm", x, _pack(b, ws) if ws is not None else None,
                      _pack(b, bs) if bs is not None else None, rows, widths, eps, layout)
-    if columns is not None:
-        results = _unemit_columns(b, b.getitem(out, 0), lead, widths)
-    else:
-        results = _unpack(b, b.getitem(out, 0), shapes)  # type: ignore[arg-type]
+    results = _emit_results(b, b.getitem(out, 0), columns, shapes)  # type: ignore[arg-type]
     return dict(zip(olds, results))
 
 
