@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import importlib
 import io
+import os
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ import torch.nn as nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 import optimus
+from optimus.compile import CUDAGRAPH_KERNELS_ENV
 from optimus.models.towers import Tower  # Linear -> LayerNorm -> ReLU
 from optimus.packing import find_groups, packed_slot
 
@@ -661,5 +663,7 @@ def test_packed_model_on_the_gpu_with_and_without_cuda_graphs(mode):
         for (n, p), q in zip(model.named_parameters(), ref.parameters()):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=n)
             p.grad = q.grad = None
-    if mode is None:  # under CUDA graphs batch_linear stacks packed weights (CUDAGRAPH_UNSAFE_OPTIONS)
+    # under CUDA graphs batch_linear stacks packed weights (CUDAGRAPH_UNSAFE_OPTIONS), unless
+    # OPTIMUS_CUDAGRAPH_KERNELS=1 keeps packed_linear on to run it under capture
+    if mode is None or os.environ.get(CUDAGRAPH_KERNELS_ENV) == "1":
         assert stats["weight_view"] > before and stats["weight_stack"] == stacked_before

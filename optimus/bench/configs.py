@@ -188,6 +188,13 @@ CONFIGS: dict[str, BenchConfig] = {
             _nothing,
         ),
         BenchConfig(
+            "optimus-auto-packed",
+            "optimus.compile(passes='auto', pack_parameters=True): the planner on packed weights",
+            True,
+            _optimus("auto", pack=True),
+            _nothing,
+        ),
+        BenchConfig(
             "optimus-fx",
             "optimus.compile with the Torch-IR and Aten-IR rules only (no Inductor-IR passes)",
             True,
@@ -207,6 +214,14 @@ CONFIGS: dict[str, BenchConfig] = {
             "optimus.compile(passes='all', mode='reduce-overhead'): Optimus with CUDA graphs",
             True,
             _optimus("all", "reduce-overhead"),
+            _nothing,
+            cudagraphs=True,
+        ),
+        BenchConfig(
+            "optimus-packed-cudagraphs",
+            "optimus.compile(passes='all', pack_parameters=True, mode='reduce-overhead')",
+            True,
+            _optimus("all", "reduce-overhead", pack=True),
             _nothing,
             cudagraphs=True,
         ),
