@@ -468,7 +468,7 @@ def last_report() -> Report | None:
     return _LAST[0] if _LAST else None
 
 
-def compile(model: Any, passes: Any = DEFAULT_PASSES, tune: bool = False, pack_parameters: bool = False, **torch_compile_kwargs: Any) -> Any:
+def compile(model: Any, passes: Any = DEFAULT_PASSES, tune: bool = False, pack_parameters: bool | None = None, **torch_compile_kwargs: Any) -> Any:
     """``torch.compile(model, **kwargs)`` with Optimus's passes; returns the compiled model.
 
     ``passes="all"`` (the default), a preset (``"vertical"``, ...) or a rule list runs
@@ -478,6 +478,9 @@ def compile(model: Any, passes: Any = DEFAULT_PASSES, tune: bool = False, pack_p
     (``mode="max-autotune"`` implies it). ``pack_parameters=True`` first packs the
     model's groups of sibling parameters into one buffer each, in place
     (``optimus.pack_parameters``, docs/packing.md); the report's notes say what it did.
+    Left out (``None``), it packs where that was measured to pay: a fixed preset, the
+    model's parameters on CUDA, no CUDA graphs (``optimus.packing.pack_by_default``);
+    ``False`` never packs.
 
     Every ``torch.compile`` keyword works: ``mode`` (``"reduce-overhead"`` turns on CUDA
     graphs, ``"max-autotune"``...), ``options`` (Inductor options), ``dynamic``,
@@ -493,15 +496,26 @@ def compile(model: Any, passes: Any = DEFAULT_PASSES, tune: bool = False, pack_p
         raise TypeError(f"optimus.compile takes the passes as passes=, not options[{PASSES_OPTION!r}]")
     if not isinstance(tune, bool):
         raise TypeError(f"tune must be a bool, got {type(tune).__name__}")
-    if not isinstance(pack_parameters, bool):
-        raise TypeError(f"pack_parameters must be a bool, got {type(pack_parameters).__name__}")
+    if pack_parameters is not None and not isinstance(pack_parameters, bool):
+        raise TypeError(f"pack_parameters must be a bool or None, got {type(pack_parameters).__name__}")
     backend = make_backend(passes, mode=mode, options=options, dynamic=torch_compile_kwargs.get("dynamic"), tune=tune)
-    report = backend.session.report  # type: ignore[attr-defined]
+    session = backend.session  # type: ignore[attr-defined]
+    report = session.report
     _remember(report)
+    if pack_parameters is None:
+        from .packing import pack_by_default
+
+        cudagraphs = bool(compat.mode_options(mode, options, None).get("triton.cudagraphs"))
+        pack_parameters, why = pack_by_default(model, session.base_config.planned, cudagraphs)
+        report.notes.append(f"pack_parameters: {why}")
     if pack_parameters:
         from .packing import pack_for_compile
 
-        report.notes.extend(pack_for_compile(model))
+        try:
+            report.notes.extend(pack_for_compile(model))
+        except Exception as e:  # never break a compile: every value is kept as it was (docs/packing.md)
+            log.warning("optimus: pack_parameters failed, compiling without it: %s: %s", type(e).__name__, e)
+            report.notes.append(f"pack_parameters failed ({type(e).__name__}: {e}); compiled without packing what was left")
     compiled = torch.compile(model, backend=backend, **torch_compile_kwargs)
     try:
         compiled.optimus_report = report

@@ -317,6 +317,34 @@ def unpack_parameters(module: nn.Module) -> list[str]:
     return moved
 
 
+# optimus.compile(model) packs by default where the H200 measured packing to pay (run 32,
+# docs/packing.md): "all" or another fixed preset, parameters on CUDA, no CUDA graphs. The
+# reasons below are what the report says where it does not pack by default.
+NOT_BY_DEFAULT_CUDAGRAPHS = (
+    "not by default under CUDA graphs: measured slower there in training "
+    "(H200 run 32: hetero_towers 1.41x -> 1.13x, towers32 1.16x -> 0.99x Inductor's CUDA graphs)"
+)
+NOT_BY_DEFAULT_PLANNED = (
+    "not by default with passes='auto': the planner does not price packed weights yet "
+    "(H200 run 32: hetero_towers training's peak memory m1.02 -> m1.90 packed)"
+)
+
+
+def pack_by_default(model: object, planned: bool, cudagraphs: bool) -> tuple[bool, str]:
+    """``optimus.compile(model)`` without ``pack_parameters=``: pack or not, and why."""
+    if not isinstance(model, nn.Module):
+        return False, f"not by default: {type(model).__name__} is not an nn.Module"
+    if cudagraphs:
+        return False, NOT_BY_DEFAULT_CUDAGRAPHS
+    if planned:
+        return False, NOT_BY_DEFAULT_PLANNED
+    devices = sorted({p.device.type for p in model.parameters()})
+    if devices != ["cuda"]:
+        where = ", ".join(devices) or "no parameters"
+        return False, f"not by default on {where}: packing was measured to pay on CUDA only"
+    return True, "on by default (CUDA parameters, a fixed preset, no CUDA graphs; pack_parameters=False turns it off)"
+
+
 def pack_for_compile(model: object) -> list[str]:
     """``optimus.compile(model, pack_parameters=True)``: pack ``model`` in place and return
     the report's notes (a note saying so when ``model`` is not an ``nn.Module``)."""

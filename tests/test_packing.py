@@ -13,6 +13,7 @@ import copy
 import importlib
 import io
 import os
+import types
 
 import pytest
 import torch
@@ -22,7 +23,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 import optimus
 from optimus.compile import CUDAGRAPH_KERNELS_ENV
 from optimus.models.towers import Tower  # Linear -> LayerNorm -> ReLU
-from optimus.packing import find_groups, packed_slot
+from optimus.packing import find_groups, pack_by_default, packed_slot
 
 
 class Towers(nn.Module):
@@ -455,6 +456,71 @@ def test_compile_pack_parameters_option_checks():
     assert any("not an nn.Module; nothing packed" in n for n in compiled.optimus_report.notes)
 
 
+# ------------------------------------------------------------------ packing by default
+class _OnCuda(nn.Module):
+    """A module whose parameters say they are on CUDA (without a GPU): pack_by_default's
+    one CUDA-only condition."""
+
+    def parameters(self, recurse: bool = True):
+        yield types.SimpleNamespace(device=torch.device("cuda"))
+
+
+@pytest.mark.parametrize("planned, cudagraphs, expected", [
+    (False, False, True), (True, False, False), (False, True, False), (True, True, False),
+])
+def test_pack_by_default_where_measured_to_pay(planned, cudagraphs, expected):
+    """A fixed preset on CUDA without CUDA graphs packs; the planner and CUDA graphs do not,
+    and each no says why (H200 run 32)."""
+    pack, why = pack_by_default(_OnCuda(), planned=planned, cudagraphs=cudagraphs)
+    assert pack is expected
+    if cudagraphs:
+        assert "under CUDA graphs" in why
+    elif planned:
+        assert "passes='auto'" in why
+    else:
+        assert why.startswith("on by default")
+
+
+def test_pack_by_default_declines_the_cpu_and_non_modules():
+    assert pack_by_default(make(), planned=False, cudagraphs=False) == (
+        False, "not by default on cpu: packing was measured to pay on CUDA only")
+    assert pack_by_default(lambda x: x, planned=False, cudagraphs=False)[0] is False
+
+
+def test_compile_default_on_the_cpu_leaves_storage_alone_and_says_why():
+    model = make()
+    before = [p.data_ptr() for p in model.parameters()]
+    compiled = optimus.compile(model)
+    x = inputs()
+    torch.testing.assert_close(compiled(x), make()(x))
+    assert [p.data_ptr() for p in model.parameters()] == before
+    assert "pack_parameters: not by default on cpu: packing was measured to pay on CUDA only" in compiled.optimus_report.notes
+    compiled = optimus.compile(make(), mode="reduce-overhead")
+    assert any("not by default under CUDA graphs" in n for n in compiled.optimus_report.notes)
+
+
+def test_compile_explicit_false_packs_nothing_and_adds_no_note():
+    model = make()
+    compiled = optimus.compile(model, pack_parameters=False)
+    assert not any(n.startswith("pack_parameters") for n in compiled.optimus_report.notes)
+    assert all(p.storage_offset() == 0 and p.untyped_storage().nbytes() == p.numel() * p.element_size() for p in model.parameters())
+
+
+def test_a_failing_pack_is_reported_and_the_compile_goes_on(monkeypatch):
+    """Whatever raises while packing, the model compiles and computes as before."""
+    import optimus.packing as packing
+
+    def boom(model):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(packing, "pack_parameters", boom)
+    model, ref = make(), make()
+    compiled = optimus.compile(model, pack_parameters=True)
+    x = inputs()
+    torch.testing.assert_close(compiled(x), ref(x))
+    assert any(n.startswith("pack_parameters failed (RuntimeError: injected)") for n in compiled.optimus_report.notes)
+
+
 # ------------------------------------------------------------------ the free stack: optimus::packed_linear
 def _packed_op_stats():
     from optimus.kernels import packed_ops
@@ -635,6 +701,19 @@ def test_packed_weights_with_a_long_weight_gradient_keep_the_stacked_form():
     assert not rewritten(model, LONG_REDUCTION)
     model.requires_grad_(False)  # no weight gradient: nothing to unbatch
     assert len(rewritten(model, LONG_REDUCTION)) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_default_compile_on_the_gpu_packs_without_cuda_graphs_only(mode):
+    model, ref = make().cuda(), make().cuda()
+    compiled = optimus.compile(model, mode=mode)
+    x = inputs().cuda()
+    torch.testing.assert_close(compiled(x), ref(x), rtol=1e-4, atol=1e-5)
+    w = [t.linear.weight for t in model.towers]
+    shared = len({StorageWeakRef(p.untyped_storage()) for p in w}) == 1
+    assert shared is (mode is None), compiled.optimus_report.notes
 
 
 @pytest.mark.gpu

@@ -85,7 +85,7 @@ def main() -> None:
         try:
             with accuracy.tf32_mode(False):
                 zoo = get_bench_model(model, "realistic", dev, 0)
-                r = Runner(zoo, CONFIGS[cfg].wrap(zoo.model), mode, LR)
+                r = Runner(zoo, CONFIGS[cfg].wrap(zoo.model), mode, LR, cudagraphs=CONFIGS[cfg].cudagraphs)
                 for _ in range(3):
                     r.step()
                 sync()

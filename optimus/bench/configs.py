@@ -48,15 +48,15 @@ def _inductor(mode: str | None = None) -> Callable[..., Callable[..., Any]]:
 
 
 def _optimus(
-    passes: Any, mode: str | None = None, tune: bool = False, pack: bool = False
+    passes: Any, mode: str | None = None, tune: bool = False, pack: bool | None = None
 ) -> Callable[..., Callable[..., Any]]:
     def wrap(model: nn.Module, **compile_kwargs: Any) -> Callable[..., Any]:
         import optimus
 
         if mode is not None:
             compile_kwargs["mode"] = mode
-        if pack:
-            compile_kwargs["pack_parameters"] = True
+        if pack is not None:  # None: optimus.compile's default (packing.pack_by_default)
+            compile_kwargs["pack_parameters"] = pack
         return optimus.compile(model, passes=passes, fullgraph=True, tune=tune, **compile_kwargs)
 
     return wrap
@@ -185,6 +185,13 @@ CONFIGS: dict[str, BenchConfig] = {
             "optimus.compile(passes='all', pack_parameters=True): grouped weights packed once (docs/packing.md)",
             True,
             _optimus("all", pack=True),
+            _nothing,
+        ),
+        BenchConfig(
+            "optimus-unpacked",
+            "optimus.compile(passes='all', pack_parameters=False): the default without packed weights",
+            True,
+            _optimus("all", pack=False),
             _nothing,
         ),
         BenchConfig(
