@@ -134,7 +134,11 @@ def main() -> None:
         with open(f"{out_dir}/diag-kernels.json", "w") as f:
             json.dump(result, f, indent=1)
         big = [tuple(k[:2]) for g in row.get("graphs", []) for k in g["most_loads"][:2]]
-        print(f"{spec}: {row.get('kernels')} kernels/step, graphs {len(row.get('graphs', []))}, most loads {big}, {row.get('error', '')}", flush=True)
+        device_us = round(sum(t for _, t in row.get("timeline", [])), 1)
+        print(f"{spec}: {row.get('kernels')} kernels/step ({device_us} us on the device), step {row.get('step_ms')} ms, "
+              f"graphs {len(row.get('graphs', []))}, most loads {big}, {row.get('error', '')}", flush=True)
+        for name, calls, own, total in row.get("host_top", [])[:8]:
+            print(f"    host {own:9.1f} us own {total:9.1f} us total {calls:4d}x {name}", flush=True)
 
 
 if __name__ == "__main__":
