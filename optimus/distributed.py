@@ -193,7 +193,7 @@ def check_wrapping(model: Any) -> None:
         from torch.nn.parallel import DistributedDataParallel as DDP
     except ImportError:  # pragma: no cover
         return
-    fsdp_types = _fsdp_types()
+    fsdp = fsdp_types()
     root = getattr(model, "_orig_mod", model)
     if not isinstance(root, torch.nn.Module):
         return
@@ -202,7 +202,7 @@ def check_wrapping(model: Any) -> None:
         kinds = []
         if isinstance(m, DDP):
             kinds.append("DistributedDataParallel")
-        if fsdp_types and isinstance(m, fsdp_types):
+        if fsdp and isinstance(m, fsdp):
             kinds.append("FSDP")
         return kinds
 
@@ -223,7 +223,7 @@ def check_wrapping(model: Any) -> None:
     walk(root, [], "")
 
 
-def _fsdp_types() -> tuple[type, ...]:
+def fsdp_types() -> tuple[type, ...]:
     found: list[type] = []
     try:
         from torch.distributed.fsdp import FSDPModule

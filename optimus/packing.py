@@ -245,11 +245,15 @@ def pack_parameters(
     by_name = dict(module.named_parameters(remove_duplicate=False))
     report = PackReport()
     candidates = find_groups(module, min_members) if groups is None else [tuple(g) for g in groups]
+    fsdp = _fsdp_module(module)
     for names in candidates:
         missing = [n for n in names if n not in by_name]
         if missing:
             raise KeyError(f"pack_parameters: no parameter named {missing[0]!r}")
         params = [by_name[n] for n in names]
+        if fsdp is not None:  # FSDP frees and re-allocates its parameters' storage itself
+            report.declined.append(DeclinedGroup(names, f"FSDP manages these parameters' storage ({fsdp})"))
+            continue
         if len(params) < 2:
             report.declined.append(DeclinedGroup(names, "fewer than two members"))
             continue
@@ -269,6 +273,19 @@ def pack_parameters(
             continue
         report.packed.append(_pack_group(names, params, align_bytes))
     return report
+
+
+def _fsdp_module(module: nn.Module) -> str | None:
+    """Where FSDP (``FullyShardedDataParallel`` or ``fully_shard``) wraps part of ``module``:
+    it resizes its flat parameters' storage to shard and gather them, which a packed buffer
+    shared by several of them cannot survive."""
+    from .distributed import fsdp_types
+
+    types_ = fsdp_types()
+    for name, m in module.named_modules():
+        if types_ and isinstance(m, types_):
+            return f"{type(m).__name__} at {name or 'the model'}"
+    return None
 
 
 def _pack_group(names: Sequence[str], params: Sequence[nn.Parameter], align_bytes: int) -> PackedGroup:

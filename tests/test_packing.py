@@ -506,6 +506,29 @@ def test_compile_explicit_false_packs_nothing_and_adds_no_note():
     assert all(p.storage_offset() == 0 and p.untyped_storage().nbytes() == p.numel() * p.element_size() for p in model.parameters())
 
 
+def test_nothing_under_fsdp_is_packed(monkeypatch):
+    """FSDP resizes its flat parameters' storage: a model with an FSDP module anywhere packs
+    nothing, each group declined with the reason (a stand-in type: FSDP1 needs a process group)."""
+    import optimus.distributed as distributed
+
+    class StandInFSDP(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner(x)
+
+    monkeypatch.setattr(distributed, "fsdp_types", lambda: (StandInFSDP,))
+    model = make()
+    model.towers[0] = StandInFSDP(model.towers[0])
+    model.towers[1] = StandInFSDP(model.towers[1])
+    report = optimus.pack_parameters(model)
+    assert not report.packed and report.declined
+    assert all("FSDP manages these parameters' storage (StandInFSDP at towers.0)" in d.reason for d in report.declined)
+    assert all(p.storage_offset() == 0 for p in model.parameters())
+
+
 def test_a_failing_pack_is_reported_and_the_compile_goes_on(monkeypatch):
     """Whatever raises while packing, the model compiles and computes as before."""
     import optimus.packing as packing
