@@ -508,7 +508,8 @@ def compile(model: Any, passes: Any = DEFAULT_PASSES, tune: bool = False, pack_p
         from .packing import pack_by_default
 
         cudagraphs = bool(compat.mode_options(mode, options, None).get("triton.cudagraphs"))
-        pack_parameters, why = pack_by_default(model, session.base_config.planned, cudagraphs)
+        base = session.base_config
+        pack_parameters, why = pack_by_default(model, base.planned, cudagraphs, base.rules.get("torch_ir", ()))
         report.notes.append(f"pack_parameters: {why}")
     if pack_parameters:
         from .packing import pack_for_compile

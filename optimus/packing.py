@@ -347,10 +347,18 @@ NOT_BY_DEFAULT_PLANNED = (
 )
 
 
-def pack_by_default(model: object, planned: bool, cudagraphs: bool) -> tuple[bool, str]:
-    """``optimus.compile(model)`` without ``pack_parameters=``: pack or not, and why."""
+# The Torch-IR rules that read packed parameters in place (packed_linear, the parameter-list ops).
+PACKED_READERS = ("batch_linear", "grouped_linear", "batched_layer_norm")
+
+
+def pack_by_default(model: object, planned: bool, cudagraphs: bool, torch_ir_rules: Iterable[str] = PACKED_READERS) -> tuple[bool, str]:
+    """``optimus.compile(model)`` without ``pack_parameters=``: pack or not, and why.
+    ``torch_ir_rules``: the Torch-IR rules the compile runs (nothing packs when none of
+    ``PACKED_READERS`` is among them: nothing would read the buffers)."""
     if not isinstance(model, nn.Module):
         return False, f"not by default: {type(model).__name__} is not an nn.Module"
+    if not set(PACKED_READERS) & set(torch_ir_rules):
+        return False, f"not by default: none of the rules that read packed parameters runs ({', '.join(PACKED_READERS)})"
     if cudagraphs:
         return False, NOT_BY_DEFAULT_CUDAGRAPHS
     if planned:

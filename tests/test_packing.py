@@ -481,6 +481,13 @@ def test_pack_by_default_where_measured_to_pay(planned, cudagraphs, expected):
         assert why.startswith("on by default")
 
 
+def test_pack_by_default_declines_when_no_rule_reads_packed_parameters():
+    pack, why = pack_by_default(_OnCuda(), planned=False, cudagraphs=False, torch_ir_rules=("split_cat",))
+    assert not pack and "none of the rules that read packed parameters runs" in why
+    compiled = optimus.compile(make(), passes="vertical")
+    assert any("none of the rules that read packed parameters runs" in n for n in compiled.optimus_report.notes)
+
+
 def test_pack_by_default_declines_the_cpu_and_non_modules():
     assert pack_by_default(make(), planned=False, cudagraphs=False) == (
         False, "not by default on cpu: packing was measured to pay on CUDA only")
