@@ -41,6 +41,14 @@ ACTIVATIONS = {"none": 0, "relu": 1, "gelu": 2, "silu": 3, "sigmoid": 4, "tanh":
 NEEDS_PREACT = ("gelu", "silu")
 USES_OUTPUT = ("relu", "sigmoid", "tanh")
 
+
+
+def saved_activation(act: str, y, pre):
+    """What a grouped linear's backward needs of its activation ``act`` (a normalised name):
+    the pre-activation, the output, or nothing."""
+    return pre if act in NEEDS_PREACT else (y if act in USES_OUTPUT else None)
+
+
 _BACKENDS = ("auto", "triton", "torch")
 _backend = os.environ.get("OPTIMUS_KERNELS_BACKEND", "auto")
 if _backend not in _BACKENDS:  # pragma: no cover - bad env var

@@ -14,8 +14,8 @@ The specialization is computed here the way Triton does: per tensor its dtype an
 address is 16-byte aligned, per int whether it is 1, whether it is a multiple of 16 and whether
 it fits 32 bits. A kernel compiled for other facts is never reused.
 
-Falls back to the JIT's own launch, per kernel and for good, where the compiled kernel does not
-have the expected shape (another Triton version: the parameter names of the compiled source
+Falls back to the JIT's own launch, for good for that cache entry, where the compiled kernel
+does not have the expected shape (another Triton version: the parameter names of the compiled source
 must equal the jitted function's); ``OPTIMUS_KERNELS_DIRECT_LAUNCH=0`` turns it off; never under
 the interpreter. ``STATS`` counts both paths (tests and diagnostics read it).
 """

@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from . import reference as ref
-from ._common import NEEDS_PREACT, USES_OUTPUT, activation_code
+from ._common import NEEDS_PREACT, activation_code, saved_activation
 from ._library import define
 from ._routing import _ALLOWED_DTYPES, _glk, _lnk, _triton_ok
 
@@ -212,7 +212,7 @@ def _gl_setup(ctx, inputs, output):
     x, w, b, ms, ks, ns, activation, layout = inputs
     y, pre = output
     act = activation_code(activation)
-    aux = pre if act in NEEDS_PREACT else (y if act in USES_OUTPUT else None)
+    aux = saved_activation(act, y, pre)
     ctx.save_for_backward(x, w, aux)
     ctx.gl_meta = (list(ms), list(ks), list(ns), act, b is not None, layout)
     ctx.mark_non_differentiable(pre)

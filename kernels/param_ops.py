@@ -45,7 +45,7 @@ from torch import Tensor
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import custom_ops as co
-from ._common import NEEDS_PREACT, USES_OUTPUT, activation_code
+from ._common import activation_code, saved_activation
 from ._library import define
 
 STATS: collections.Counter = collections.Counter()
@@ -165,7 +165,7 @@ def _glp_setup(ctx, inputs, output):
     x, weights, biases, ms, ks, ns, activation, layout = inputs
     y, pre = output
     act = activation_code(activation)
-    aux = pre if act in NEEDS_PREACT else (y if act in USES_OUTPUT else None)
+    aux = saved_activation(act, y, pre)
     ctx.save_for_backward(x, aux, *weights)
     ctx.gl_meta = (list(ms), list(ks), list(ns), act, len(biases) > 0, layout)
     ctx.mark_non_differentiable(pre)
