@@ -4,7 +4,7 @@ Compiles a zoo model on the CPU with the planner priced for the H200 (the commit
 profile) and the kernel-op rules on, runs two steps, then measures one step's own peak of
 tensor memory (profiler allocation events, ``optimus.measure.peak_tensor_memory``).
 
-    python docs/results/cpu_memory_proxy.py MODEL infer|train inductor,all,auto
+    python docs/results/cpu_memory_proxy.py MODEL infer|train inductor,all,auto[,all-packed,auto-packed]
 
 Prints one line per configuration: the peak and the planner's decisions (rule:members:Y/n).
 CPU Inductor fuses differently from GPU Inductor: a proxy, not the H200's figure.
@@ -27,7 +27,9 @@ name, mode = sys.argv[1], sys.argv[2]
 for cfg in sys.argv[3].split(","):
     torch._dynamo.reset()
     z = get_model(name, "realistic", device="cpu")
-    fn = torch.compile(z.model, fullgraph=True) if cfg == "inductor" else optimus.compile(z.model, passes=cfg, fullgraph=True)
+    passes, _, packed = cfg.partition("-")
+    fn = (torch.compile(z.model, fullgraph=True) if cfg == "inductor"
+          else optimus.compile(z.model, passes=passes, fullgraph=True, pack_parameters=packed == "packed"))
 
     def step():
         if mode == "infer":
