@@ -623,12 +623,6 @@ class Liveness:
         keys[fused] = fused_keys
         grad = {remap.get(k, k) for k in self.grad}  # the fused buffer needs a gradient if a member's output did
         grad_out = sum(size[fk] for fk in fused_keys if fk in grad)
-        if self.saved_for_backward and grad_out and stack is not None:
-            # the fused op's backward reads its stacked operands (a batched matmul's dW, a
-            # grouped kernel's saved ``x``): the copy is saved for backward, live to the end
-            # (CPU proxy, hetero_towers training packed: the groups' concatenated inputs,
-            # freed after the op in the estimate, were most of a measured 1.86x peak)
-            grad.add(("stack", stack.name))
 
         stacked_nodes = [node for node, _ in stacked if node is not None and node in self.index]
         member_inputs = list(dict.fromkeys(i for m in members for i in self.inputs[m]))

@@ -255,25 +255,3 @@ def test_a_groups_patched_readers_are_the_ones_found_anew(monkeypatch):
             live.with_group(members)
             live.with_group(members, stacked=stacked[: len(members)])
     assert len(checks) == 5 * 3 * 2 and all(checks), checks
-
-
-def test_in_training_a_groups_stacked_operands_are_saved_for_the_backward():
-    # the fused op's backward reads what it stacked (a batched matmul's dW, a grouped
-    # kernel's saved x): the copy lives to the end of a Torch-IR training graph, as the
-    # activations the loop saved do; in inference it dies with the op
-    xs = [torch.randn(64, 16) for _ in range(4)]
-    ws = [torch.randn(16, 256) for _ in range(4)]
-    gm = make_fx(_sequences)(xs, ws)
-    for n in gm.graph.nodes:  # as Dynamo's pre-grad graph of a training step records them
-        v = n.meta.get("val")
-        if n.op == "call_function" and isinstance(v, torch.Tensor) and v.is_floating_point():
-            n.meta["val"] = v.detach().requires_grad_(True)
-    mms = _mms(gm)
-    inputs = [m.args[0] for m in mms]
-    stacked = [(x, 64 * 16 * 4) for x in inputs]
-    copy = sum(b for _, b in stacked)
-    training = Liveness(gm.graph, saved_for_backward=True)
-    rise = training.with_group(mms, stacked) - training.with_group(mms)
-    assert abs(rise - copy) <= 64, (rise, copy)  # live at the end, where the saved activations peak
-    inference = Liveness(gm.graph)
-    assert inference.with_group(mms, stacked) - inference.with_group(mms) < copy
