@@ -35,7 +35,12 @@ consumers and everything below them now run while the whole buffer is live. In a
 training graph (before AOTAutograd) the backward is not in the graph: materialized results
 that need a gradient stay live to the end (saved for backward), and a group's backward
 holds every member's gradients at once where the loop held one member's, which is added
-at the end of the curve (``backward_bytes``).
+at the end of the curve (``backward_bytes``). In an AOTAutograd forward graph of a training
+step (Aten-IR) the outputs are the activations the backward reads, and its compiled code frees
+each saved storage after its last reader: members' results saved as views of one batched
+buffer are freed only after the last of them, so the backward holds all but the largest
+member's part longer than the loop did, which is added at the end of the curve too
+(``shared_saved_bytes``; towers32 training: +0.75 MiB on the CPU, m1.14 on the H200).
 """
 
 from __future__ import annotations
@@ -364,12 +369,15 @@ class Liveness:
 
     readers_checks: list[bool] | None = None  # tests: is each group's patched ``_readers`` the one found anew?
 
-    def __init__(self, graph: fx.Graph, saved_for_backward: bool = False, view: Any = None) -> None:
-        """``saved_for_backward``: a training graph before AOTAutograd (Torch-IR). ``view``:
-        the graph's ``GraphView``, to read ops in the rules' vocabulary (without it, only
-        aten ops are recognized)."""
+    def __init__(self, graph: fx.Graph, saved_for_backward: bool = False, view: Any = None, outputs_saved: bool = False) -> None:
+        """``saved_for_backward``: a training graph before AOTAutograd (Torch-IR).
+        ``outputs_saved``: AOTAutograd's forward graph of a training step, whose outputs the
+        backward reads and frees one storage at a time (Aten-IR). ``view``: the graph's
+        ``GraphView``, to read ops in the rules' vocabulary (without it, only aten ops are
+        recognized)."""
         self.nodes: list[Any] = list(graph.nodes)
         self.saved_for_backward = saved_for_backward
+        self.outputs_saved = outputs_saved
         self.kind: dict[Any, str | None] = {n: op_kind(view, n) for n in self.nodes}
         self.inputs: dict[Any, list[Any]] = {n: n.all_input_nodes for n in self.nodes}
         self.keys: dict[Any, list[Any]] = {}
@@ -395,6 +403,8 @@ class Liveness:
                 self.holders.setdefault(k, []).append(node)
         # storages live throughout (graph inputs): a group cannot change them
         self.resident = {k for n in self.nodes if n.op in GRAPH_INPUTS for k in self.keys[n]}
+        # storages a graph output holds (directly or through a view)
+        self.output_keys = {k for n in self.nodes if n.op == "output" for i in n.all_input_nodes for k in self.keys[i]}
         self._spans: dict[Any, tuple[Any, int, int]] = {}
         self._group_peaks: dict[tuple[Any, ...], float] = {}  # with_group's simulations
         self.order_kind: str | None = None  # set by the first curve: which order won (``ORDERS``)
@@ -560,6 +570,22 @@ class Liveness:
         return np.cumsum(diff)[:n]
 
     # ------------------------------------------------------------------ a group
+    def shared_saved_bytes(self, members: Sequence[fx.Node]) -> int:
+        """``outputs_saved`` graphs: what batching ``members`` keeps live longer in the
+        backward. Their results (or views of them) that are graph outputs become views of
+        one buffer, which the backward frees after its last reader where it freed each
+        member's after that member's: at most every part but the largest (0 when fewer than
+        two members' results are saved)."""
+        if not self.outputs_saved:
+            return 0
+        held = []
+        for m in members:
+            earlier = self._input_keys(m)
+            b = sum(self.size[k] for k in dict.fromkeys(self.keys.get(m, ())) if k not in earlier and k in self.output_keys)
+            if b:
+                held.append(b)
+        return sum(held) - max(held) if len(held) >= 2 else 0
+
     def with_group(self, members: Sequence[fx.Node], stacked: Iterable[tuple[fx.Node | None, int]] = (), allowed: float | None = None) -> float:
         """The peak of the graph with ``members`` run as one op (module docstring).
         ``stacked``: the operands the op reads from a copy (stacks, packs), with their
@@ -581,21 +607,23 @@ class Liveness:
                     below.add(user)
                     frontier.append(user)
         stacked = list(stacked)
+        shared = self.shared_saved_bytes(members)
         if allowed is not None:
             # every storage whose lifetime can change: what members and moved nodes read,
             # what the moved nodes create, the members' outputs (one buffer now), the stack
             touched = {k for x in list(member_set) + list(below) for i in self.inputs[x] for k in self.keys[i]}
             touched.update(k for x in list(member_set) + list(below) for k in self.keys[x])
-            bound = self.peak + sum(self.size[k] for k in touched if k not in self.resident) + sum(b for _, b in stacked)
+            bound = self.peak + sum(self.size[k] for k in touched if k not in self.resident) + sum(b for _, b in stacked) + shared
             if bound <= allowed:
                 return bound
         memo = (tuple(members), tuple(stacked))  # the driver asks again for a group it retries
         if memo not in self._group_peaks:
-            self._group_peaks[memo] = self._simulate_group(members, stacked, at, below)
+            self._group_peaks[memo] = self._simulate_group(members, stacked, at, below, shared)
         return self._group_peaks[memo]
 
-    def _simulate_group(self, members: list[fx.Node], stacked: list[tuple[fx.Node | None, int]], at: int, below: set[Any]) -> float:
-        """``with_group``'s simulation: the graph with the group as one op, its peak."""
+    def _simulate_group(self, members: list[fx.Node], stacked: list[tuple[fx.Node | None, int]], at: int, below: set[Any], shared: int = 0) -> float:
+        """``with_group``'s simulation: the graph with the group as one op, its peak;
+        ``shared``: ``shared_saved_bytes`` of the members, added at the end."""
         member_set = set(members)
         fused = FusedOp(f"fused_{members[-1].name}", self.kind[members[0]])
         stack = FusedOp(f"stack_{members[-1].name}", "stack") if stacked else None
@@ -642,12 +670,12 @@ class Liveness:
         kind[fused] = fused.kind
         if stack is not None:
             kind[stack] = "stack"
-        backward = 0.0
+        backward = float(shared)
         if self.saved_for_backward and grad_out:
             # the loop's backward held one member's gradients at a time, the group's all of them
             per_member = [self.own_bytes(m) for m in members]
             grad_in = sum(b for node, b in stacked if node in self.keys and any(k in self.grad for k in self.keys[node]))
-            backward = grad_out + grad_in - max(per_member)
+            backward += grad_out + grad_in - max(per_member)
         # only the group's neighbourhood changed: the members (gone), the new ops, the nodes
         # reading a member or holding (a view of) a member's output, and their readers
         holders = {x for k in remap for x in self.holders[k] if x not in member_set}

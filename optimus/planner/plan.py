@@ -16,7 +16,8 @@ compile. The planner decides three things, each reported:
    it, simulated with the group applied (``memory.Liveness.with_group``: the fused buffer,
    the stacked copy, the members' consumers moved after the fused op; in a Torch-IR
    training graph, activations saved for the backward and the group's gradients held at
-   once); a group that would raise the graph's peak (as the planner first saw it) by more
+   once; in AOTAutograd's training forward, saved results the backward can no longer free
+   one member at a time); a group that would raise the graph's peak (as the planner first saw it) by more
    than ``memory_increase`` (2%, or ``MEMORY_SLACK`` on tiny graphs) is cut into balanced
    chunks that fit, or declined when not even ``min_group`` members fit, or when its
    members read consecutive parts of one tensor (``CUT_PARTS_WHY``). What a group copies
@@ -138,6 +139,7 @@ class Planner:
         self._live: Liveness | None = None
         self._report: GraphReport | None = None
         self._training = False
+        self._outputs_saved = False
 
     # ------------------------------------------------------------------ identity
     def fingerprint(self) -> str:
@@ -178,6 +180,9 @@ class Planner:
         cannot add up allowances."""
         self._report = report
         self._training = self.context.training and view.level == "torch_ir"
+        # AOTAutograd's training forward: its outputs are what the backward reads (and frees)
+        kind = view.graph_kind() if view.level == "aten_ir" and hasattr(view, "graph_kind") else None
+        self._outputs_saved = kind == "forward"
         self._live = None
         try:
             live = self._liveness(view)
@@ -194,7 +199,7 @@ class Planner:
     def _liveness(self, view: GraphView) -> Liveness:
         """The current graph's liveness (rebuilt after each accepted group)."""
         if self._live is None:
-            self._live = Liveness(view.graph, saved_for_backward=self._training, view=view)
+            self._live = Liveness(view.graph, saved_for_backward=self._training, view=view, outputs_saved=self._outputs_saved)
         return self._live
 
     def _peak_with(self, view: GraphView, members: list[fx.Node], copies: list[list[Any]] | None) -> float:

@@ -408,3 +408,64 @@ def test_linears_sharing_an_input_concatenate_weights_and_cut_narrow_members_tog
     declined = [r for g in gm.meta["optimus_report"].graphs for r in g.rules["batch_linear"].declined]
     assert any(r.startswith("the members read one input: batch_linear_lhs") for r in declined), declined
     assert not {"bmm", "baddbmm", "stack"} & set(_ops(gm)), _ops(gm)
+
+
+class SavedTowers(torch.nn.Module):
+    """``n`` Linear -> LayerNorm towers on separate inputs: each linear's result is saved
+    for its norm's backward (a forward output of AOTAutograd's training graph)."""
+
+    def __init__(self, n: int, k: int) -> None:
+        super().__init__()
+        self.lin = torch.nn.ModuleList(torch.nn.Linear(k, k) for _ in range(n))
+        self.ln = torch.nn.ModuleList(torch.nn.LayerNorm(k) for _ in range(n))
+
+    def forward(self, xs):
+        return torch.cat([ln(lin(x)) for x, lin, ln in zip(xs, self.lin, self.ln)], 1)
+
+
+def _aten_forward_only(planner, graphs):
+    """A backend: AOTAutograd with Inductor's decompositions and partitioner; the forward
+    graph gets the Aten-IR rules under ``planner``, the backward none; both run eagerly."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._inductor.decomposition import select_decomp_table
+
+    def fw(gm, example_inputs):
+        optimus.optimize(gm, passes=dataclasses.replace(resolve("auto"), planner=planner), level="aten_ir", example_inputs=list(example_inputs))
+        graphs.append(gm.meta["optimus_report"])
+        return make_boxed_func(gm.forward)
+
+    return aot_autograd(fw_compiler=fw, bw_compiler=lambda gm, _: make_boxed_func(gm.forward),
+                        decompositions=select_decomp_table(), partition_fn=min_cut_rematerialization_partition)
+
+
+@pytest.mark.parametrize("memory_increase,chunked", [(0.02, True), (100.0, False)])
+def test_a_training_forward_group_whose_results_are_saved_is_cut(memory_increase, chunked):
+    # 12 towers, each linear's (256, 64) result (64 KiB) saved for the norm's backward.
+    # Batched whole, the backward could free none of the 12 before the last: +704 KiB where
+    # the budget allows 256 KiB, so the group is cut; with room it is taken whole.
+    torch.manual_seed(0)
+    n, rows, k = 12, 256, 64
+    model = SavedTowers(n, k)
+    ref = SavedTowers(n, k)
+    ref.load_state_dict(model.state_dict())
+    xs = [torch.randn(rows, k) for _ in range(n)]
+    graphs = []
+    torch._dynamo.reset()
+    planner = Planner(Context("cuda", training=True), profile=H200ISH, memory_increase=memory_increase)
+    y = torch.compile(model, backend=_aten_forward_only(planner, graphs), fullgraph=True)(xs)
+    want = ref(xs)
+    torch.testing.assert_close(y, want)
+    g = torch.randn_like(y)
+    (y * g).sum().backward()
+    (want * g).sum().backward()
+    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4, msg=lambda m, name=name: f"{name}: {m}")
+    notes = [note for r in graphs for gr in r.graphs for note in gr.notes]
+    taken = [d["members"] for r in graphs for gr in r.graphs for d in gr.decisions if d["accepted"] and d["rule"] == "batch_mm"]
+    if chunked:
+        assert any(f"batch_mm: group of {n}" in note and "cut into groups of" in note for note in notes), notes
+        assert all(m < n for m in taken), taken
+    else:
+        assert taken == [n], taken

@@ -255,3 +255,37 @@ def test_a_groups_patched_readers_are_the_ones_found_anew(monkeypatch):
             live.with_group(members)
             live.with_group(members, stacked=stacked[: len(members)])
     assert len(checks) == 5 * 3 * 2 and all(checks), checks
+
+
+def test_saved_results_batched_into_one_buffer_are_freed_by_the_backward_only_at_the_end():
+    # AOTAutograd's training forward returns what the backward reads; the backward frees each
+    # saved storage after its last reader. Batched, the n saved results are views of one
+    # buffer, freed after the last of them: n - 1 members' parts stay live longer.
+    def keep(xs, ws):
+        outs = [x @ w for x, w in zip(xs, ws)]
+        return (sum(o.sum() for o in outs),) + tuple(outs)  # the loss, and every result saved
+
+    n, rows, k, wide = 5, 32, 8, 64
+    xs = [torch.randn(rows, k) for _ in range(n)]
+    ws = [torch.randn(k, wide) for _ in range(n)]
+    gm = make_fx(keep)(xs, ws)
+    one = rows * wide * 4
+    mms = _mms(gm)
+    inference, forward = Liveness(gm.graph), Liveness(gm.graph, outputs_saved=True)
+    assert forward.peak == inference.peak  # the graph alone: the same curve
+    assert inference.with_group(mms) == inference.peak  # returned anyway: batching costs nothing here
+    assert forward.shared_saved_bytes(mms) == (n - 1) * one
+    assert forward.with_group(mms) - forward.peak >= (n - 1) * one - 64
+    assert forward.with_group(mms[:2]) - forward.peak <= one + 64  # a pair: one part longer
+    assert forward.with_group(mms, allowed=forward.peak + 100 * n * one) >= forward.with_group(mms)  # the bound covers it
+
+
+def test_only_saved_results_count_as_shared():
+    def one_saved(xs, ws):
+        outs = [x @ w for x, w in zip(xs, ws)]
+        return sum(o.sum() for o in outs), outs[0]  # the others die in their sums
+
+    xs = [torch.randn(16, 8) for _ in range(4)]
+    ws = [torch.randn(8, 16) for _ in range(4)]
+    gm = make_fx(one_saved)(xs, ws)
+    assert Liveness(gm.graph, outputs_saved=True).shared_saved_bytes(_mms(gm)) == 0
