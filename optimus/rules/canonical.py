@@ -1,8 +1,11 @@
 """Canonicalization: one spelling per op, so later rules and upstream passes see one form.
 
-Split sizes become explicit lists, dims become non-negative, and every spelling
+Split sizes are read as explicit lists, dims become non-negative, and every spelling
 (``x.split(8, -1)``, ``torch.concat(..., axis=1)``, ``aten.split.Tensor``) becomes the
-level's canonical call (``torch.split(x, [8, 8, 8], 2)`` / ``aten.split_with_sizes``).
+level's canonical call: at Aten-IR ``aten.split_with_sizes``; at Torch-IR ``torch.split``
+with one size where the chunks are equal (the last no larger), else the list, because the
+one-size spelling traces to ``aten.split.Tensor``, which AOTAutograd's partitioner
+recomputes as a view, and a list would not be (``torch_ir.view._split_size_arg``).
 """
 
 from __future__ import annotations
@@ -40,9 +43,10 @@ def _resolved(call: Call, view: Any) -> bool:
 
 @rule(Op(("split", "cat", "stack", "unbind")).such_that(_needs_canonical_form), kind="canonicalize", priority=0)
 def canonicalize_split_cat_args(m, b):
-    """Spell split/cat/stack/unbind canonically: sizes as lists, dims >= 0.
+    """Spell split/cat/stack/unbind canonically: dims >= 0, Aten-IR split sizes as lists.
 
-    x.split(8, dim=-1)            -> torch.split(x, [8, 8, 8], 1)
+    x.split(8, dim=-1)            -> torch.split(x, 8, 1)     (equal chunks: one size, a view to the partitioner)
+    x.split([2, 6], -1)           -> torch.split(x, [2, 6], 1)
     torch.concat([a, b], axis=-1) -> torch.cat([a, b], 1)
     aten.split.Tensor(x, 8, -1)   -> aten.split_with_sizes.default(x, [8, 8, 8], 1)
     torch.cat(x.split(4), 1)      -> torch.cat([chunk0, chunk1, ...], 1)   (symbolic_trace form)

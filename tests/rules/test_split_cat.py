@@ -135,3 +135,81 @@ def test_canonical_forms(level):
         targets = {n.target for n in run.graphs[0].graph.nodes if n.op != "placeholder"}
         assert torch.split in targets and torch.cat in targets and operator.getitem in targets
         assert "split" not in targets  # no call_method form left
+
+
+def test_equal_chunks_are_spelled_with_one_size_at_torch_ir(level):
+    # torch.split(x, 4) traces to aten.split.Tensor, which the partitioner recomputes as a
+    # view; a list would trace to aten.split_with_sizes, which it does not (next test)
+    if level != "torch_ir":
+        pytest.skip("a Torch-IR spelling (Aten-IR graphs are past the partitioner)")
+
+    def f(x):
+        a = x.split(4, dim=-1)  # 4, 4, 2
+        b = torch.split(x, [4, 4, 2], 1)  # the same chunks, as a list
+        c = torch.split(x, [2, 8], -1)  # uneven: stays a list
+        return a[0] * b[1] + a[2].sum() + c[0].sum() + c[1].sum()
+
+    run = check_level(f, [torch.randn(3, 10)], level, passes=["canonicalize_split_cat_args"])
+    splits = [n for n in run.graphs[0].graph.nodes if n.target is torch.split]
+    assert sorted(repr(n.args[1]) for n in splits) == ["4", "4", "[2, 8]"], [n.format_node() for n in splits]
+
+
+class _Rounds(torch.nn.Module):
+    """splitcat's round in small: chunks of a state, each scaled and activated, concatenated,
+    then gated in groups of chunks and concatenated again."""
+
+    def __init__(self, chunks=8, d=4):
+        super().__init__()
+        self.d = d
+        self.w = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(d)) for _ in range(chunks))
+
+    def forward(self, x):
+        for _ in range(2):
+            outs = [torch.relu(c * w) * torch.sigmoid(c) + c for c, w in zip(x.split(self.d, dim=1), self.w)]
+            x = torch.cat(outs, dim=1)
+            x = torch.cat([g * torch.sigmoid(g.mean(dim=1, keepdim=True)) for g in x.split(2 * self.d, dim=1)], dim=1)
+        return x
+
+
+def _saved_for_backward(passes):
+    """The forward graph's outputs, as AOTAutograd's min-cut partitioner (Inductor's) chose
+    them, after a Torch-IR rewrite with ``passes``: (count, bytes)."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._inductor.decomposition import select_decomp_table
+
+    import optimus
+
+    saved = []
+
+    def fw(gm, example_inputs):
+        out = next(n for n in gm.graph.nodes if n.op == "output")
+        vals = [a.meta["val"] for a in out.args[0] if isinstance(a, torch.fx.Node) and a.op != "placeholder"]
+        saved.append((len(vals), sum(v.numel() * v.element_size() for v in vals)))
+        return make_boxed_func(gm.forward)
+
+    inner = aot_autograd(fw_compiler=fw, bw_compiler=lambda gm, _: make_boxed_func(gm.forward),
+                         decompositions=select_decomp_table(), partition_fn=min_cut_rematerialization_partition)
+
+    def backend(gm, example_inputs):
+        optimus.optimize(gm, passes=passes, level="torch_ir")
+        return inner(gm, example_inputs)
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _Rounds()
+    x = torch.randn(16, 32)
+    y = torch.compile(model, backend=backend, fullgraph=True)(x)
+    torch.testing.assert_close(y, model(x))
+    return saved[0]
+
+
+def test_canonical_splits_leave_what_the_partitioner_saves_as_it_was(level):
+    # splitcat training, H200 run 38: with this rule spelling splits as lists, the partitioner
+    # saved every chunk's results next to the round's cat they are views of (m1.43)
+    if level != "torch_ir":
+        pytest.skip("the partitioner runs after Torch-IR")
+    plain = _saved_for_backward("none")
+    canonical = _saved_for_backward(["canonicalize_split_cat_args"])
+    assert canonical == plain, (canonical, plain)
