@@ -17,11 +17,11 @@ compile. The planner decides three things, each reported:
    the stacked copy, the members' consumers moved after the fused op; in a Torch-IR
    training graph, activations saved for the backward and the group's gradients held at
    once; in AOTAutograd's training forward, saved results the backward can no longer free
-   one member at a time); a group that would raise the graph's peak (as the planner first saw it) by more
-   than ``memory_increase`` (2%, or ``MEMORY_SLACK`` on tiny graphs) is cut into balanced
-   chunks that fit, or declined when not even ``min_group`` members fit, or when its
-   members read consecutive parts of one tensor (``CUT_PARTS_WHY``). What a group copies
-   is the rule's to say (``GroupRule.copies``).
+   one member at a time); a group that would raise the graph's peak (as the planner first
+   saw it) by more than ``memory_increase`` (2%, or ``MEMORY_SLACK`` on tiny graphs) is
+   cut into balanced chunks that fit, or declined when not even ``min_group`` members
+   fit, or when its members read consecutive parts of one tensor (``CUT_PARTS_WHY``).
+   What a group copies is the rule's to say (``GroupRule.copies``).
 4. **How far the kernel-merging Inductor-IR rules may raise memory** (``rule_options``):
    ``fuse_independent_kernels`` and ``combo_small_kernels`` get ``memory_increase``, and
    their driver declines merges above it by Inductor's own estimate of the schedule's peak

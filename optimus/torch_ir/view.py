@@ -134,14 +134,16 @@ _FUNCTIONS[F.embedding_bag] = "F.embedding_bag"
 
 _INPLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv, operator.imatmul, operator.setitem}
 
-def _split_size_arg(sizes: Any) -> Any:
-    """How ``torch.split`` is given ``sizes``: one int where the sizes are what that int gives
-    (equal chunks, the last no larger), else the list. ``torch.split(x, 64)`` traces to
-    ``aten.split.Tensor``, which AOTAutograd's partitioner recomputes as a view in the
-    backward, and a list to ``aten.split_with_sizes``, which it does not. After a list
+
+def _split_size_arg(sizes: Any, length: Any) -> Any:
+    """How ``torch.split`` is given ``sizes`` for a dim of ``length``: one int where the sizes
+    are what that int gives (equal chunks, the last no larger, summing to a known static
+    length, so the view reads the same list back), else the list. ``torch.split(x, 64)``
+    traces to ``aten.split.Tensor``, which AOTAutograd's partitioner recomputes as a view in
+    the backward, and a list to ``aten.split_with_sizes``, which it does not. After a list
     spelling, the partitioner saved every chunk's results as well as the tensor they are
     views of (H200 run 38: splitcat training m1.43 with this rule alone)."""
-    if isinstance(sizes, list) and sizes and all(is_int(s) for s in sizes):
+    if isinstance(sizes, list) and sizes and all(is_int(s) for s in sizes) and is_int(length) and sum(sizes) == length:
         step = sizes[0]
         if step > 0 and all(s == step for s in sizes[:-1]) and 0 < sizes[-1] <= step:
             return step
@@ -341,7 +343,9 @@ class TorchIRView(GraphView):
         if op == "contiguous":
             return "call_method", "contiguous", [a["input"]], {}
         if op == "split":
-            return cf, torch.split, [a["input"], _split_size_arg(a["sizes"]), a["dim"]], {}
+            shape = self.shape(a["input"]) if isinstance(a["input"], fx.Node) else None
+            length = shape[a["dim"]] if shape is not None and is_int(a["dim"]) and 0 <= a["dim"] < len(shape) else None
+            return cf, torch.split, [a["input"], _split_size_arg(a["sizes"], length), a["dim"]], {}
         if op == "squeeze":
             dims = a.get("dims")
             return cf, torch.squeeze, [a["input"]] + ([tuple(dims)] if dims is not None else []), {}

@@ -152,6 +152,13 @@ def test_equal_chunks_are_spelled_with_one_size_at_torch_ir(level):
     run = check_level(f, [torch.randn(3, 10)], level, passes=["canonicalize_split_cat_args"])
     splits = [n for n in run.graphs[0].graph.nodes if n.target is torch.split]
     assert sorted(repr(n.args[1]) for n in splits) == ["4", "4", "[2, 8]"], [n.format_node() for n in splits]
+    from optimus.torch_ir.view import _split_size_arg
+
+    # the one size only where the dim's length is known and static (the view must read the
+    # same list back); unknown or symbolic, the list stays
+    assert _split_size_arg([4, 4, 2], 10) == 4
+    assert _split_size_arg([4, 4, 2], None) == [4, 4, 2]
+    assert _split_size_arg([2, 4, 4], 10) == [2, 4, 4]
 
 
 class _Rounds(torch.nn.Module):
