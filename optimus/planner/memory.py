@@ -403,8 +403,8 @@ class Liveness:
                 self.holders.setdefault(k, []).append(node)
         # storages live throughout (graph inputs): a group cannot change them
         self.resident = {k for n in self.nodes if n.op in GRAPH_INPUTS for k in self.keys[n]}
-        # storages a graph output holds (directly or through a view)
-        self.output_keys = {k for n in self.nodes if n.op == "output" for i in n.all_input_nodes for k in self.keys[i]}
+        # storages a graph output holds (directly or through a view): ``shared_saved_bytes``
+        self.output_keys = {k for n in self.nodes if n.op == "output" for i in n.all_input_nodes for k in self.keys[i]} if outputs_saved else set()
         self._spans: dict[Any, tuple[Any, int, int]] = {}
         self._group_peaks: dict[tuple[Any, ...], float] = {}  # with_group's simulations
         self.order_kind: str | None = None  # set by the first curve: which order won (``ORDERS``)

@@ -181,8 +181,7 @@ class Planner:
         self._report = report
         self._training = self.context.training and view.level == "torch_ir"
         # AOTAutograd's training forward: its outputs are what the backward reads (and frees)
-        kind = view.graph_kind() if view.level == "aten_ir" and hasattr(view, "graph_kind") else None
-        self._outputs_saved = kind == "forward"
+        self._outputs_saved = view.graph_kind() == "forward"
         self._live = None
         try:
             live = self._liveness(view)
