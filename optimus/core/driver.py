@@ -148,7 +148,7 @@ class Driver:
                 raise Decline(reason)
             if self.planner is not None:
                 group = self._smallest_first(rule, group)
-                sized = self.planner.chunk(self.view, group.nodes, group.options["min_group"], rule.copied_operands(group))
+                sized = self.planner.chunk(self.view, group.nodes, group.options["min_group"], rule.copied_operands(group), rule.custom_op)
                 if sized is not None:
                     return self._try_chunks(rule, group, stats, *sized)
             builder = Builder(self.view, anchor)

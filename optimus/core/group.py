@@ -97,6 +97,10 @@ class GroupRule(Rule):
     #: the planner's memory estimate counts their bytes. Without it the planner assumes
     #: the members' first inputs are stacked (unless they stack for free).
     copies: Callable[["Group"], list[list[Any]]] | None = None
+    #: the replacement is one of our custom ops (``torch.ops.optimus.*``): Inductor does not
+    #: plan the buffers its backward allocates, so in training the planner charges the
+    #: group's backward over everything saved (``Liveness.with_group``'s ``opaque_backward``)
+    custom_op: bool = False
 
     KNOBS: ClassVar[Mapping[str, Any]] = {"min_group": 2, "max_group": 256, "max_span": MAX_SPAN}
 
@@ -126,9 +130,10 @@ class GroupPlanner(Protocol):
     def round_started(self, view: GraphView, report: Any) -> None:
         """A round of group rules starts on ``view``'s graph as it is now."""
 
-    def chunk(self, view: GraphView, members: list[fx.Node], min_group: int, copies: list[list[Any]] | None = None) -> tuple[int, str] | None:
+    def chunk(self, view: GraphView, members: list[fx.Node], min_group: int, copies: list[list[Any]] | None = None, custom_op: bool = False) -> tuple[int, str] | None:
         """``None`` if the group may run whole; else the members per chunk (0: none) and why.
-        ``copies``: what the replacement copies (``GroupRule.copied_operands``)."""
+        ``copies``: what the replacement copies (``GroupRule.copied_operands``);
+        ``custom_op``: ``GroupRule.custom_op``."""
 
     def judge(self, view: GraphView, rule: str, anchor: fx.Node, members: list[fx.Node], new_nodes: list[fx.Node]) -> str | None:
         """Why the built replacement should not be committed, if it should not."""

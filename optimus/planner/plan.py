@@ -201,9 +201,9 @@ class Planner:
             self._live = Liveness(view.graph, saved_for_backward=self._training, view=view, outputs_saved=self._outputs_saved)
         return self._live
 
-    def _peak_with(self, view: GraphView, members: list[fx.Node], copies: list[list[Any]] | None) -> float:
+    def _peak_with(self, view: GraphView, members: list[fx.Node], copies: list[list[Any]] | None, custom_op: bool = False) -> float:
         allowed = self._budget.allowed if self._budget is not None else None
-        return self._liveness(view).with_group(members, self._stacked_inputs(view, members, copies), allowed=allowed)
+        return self._liveness(view).with_group(members, self._stacked_inputs(view, members, copies), allowed=allowed, opaque_backward=custom_op)
 
     @staticmethod
     def _stacked_inputs(view: GraphView, members: list[fx.Node], copies: list[list[Any]] | None = None) -> list[tuple[fx.Node | None, int]]:
@@ -227,14 +227,15 @@ class Planner:
                     out.append((value, size_hint(v.numel()) * v.element_size()))  # its own bytes, not its base's
         return out
 
-    def chunk(self, view: GraphView, members: list[fx.Node], min_group: int, copies: list[list[Any]] | None = None) -> tuple[int, str] | None:
+    def chunk(self, view: GraphView, members: list[fx.Node], min_group: int, copies: list[list[Any]] | None = None, custom_op: bool = False) -> tuple[int, str] | None:
         """``None`` when every member fits the memory budget; else the members per chunk
         (0: not even ``min_group`` fit) and why. ``copies``: what the replacement copies
-        (``GroupRule.copied_operands``; ``None``: the members' first inputs)."""
+        (``GroupRule.copied_operands``; ``None``: the members' first inputs);
+        ``custom_op``: the replacement is one of our custom ops (``GroupRule.custom_op``)."""
         if self._budget is None or len(members) < 2:
             return None
         budget = self._budget
-        whole = self._peak_with(view, members, copies)
+        whole = self._peak_with(view, members, copies, custom_op)
         if budget.fits(whole):
             return None
         cut = not self._reads_parts_of_one_tensor(view, members)
@@ -246,7 +247,7 @@ class Planner:
             lo, hi = max(2, min_group), len(members) - 1
             while lo <= hi:
                 size = (lo + hi) // 2
-                if budget.fits(self._peak_with(view, members[:size], copies)):
+                if budget.fits(self._peak_with(view, members[:size], copies, custom_op)):
                     k, lo = size, size + 1
                 else:
                     hi = size - 1

@@ -313,6 +313,7 @@ def _packed_indices(g: Group) -> list[list[Any]]:
     priority=100,
     options={"deterministic": True},
     copies=_packed_indices,
+    custom_op=True,
 )
 def group_embedding_lookups(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     """Independent embedding lookups on different tables become one grouped lookup.

@@ -406,6 +406,7 @@ def _linear_shapes_differ(g: Group) -> str | None:
     priority=112,
     options={"max_pack_bytes": MAX_PACK_BYTES},
     copies=_linear_copies,
+    custom_op=True,
 )
 def grouped_linear(g: Group, b: Builder) -> dict[fx.Node, fx.Node]:
     """Independent linears of different (K, N) become one grouped-linear kernel call,
@@ -478,6 +479,7 @@ def _mm_shapes_differ(g: Group) -> str | None:
     priority=112,
     options={"max_pack_bytes": MAX_PACK_BYTES, "backward_graphs": False},
     copies=_mm_copies,
+    custom_op=True,
 )
 def grouped_mm(g: Group, b: Builder) -> dict[fx.Node, fx.Node]:
     """Independent matmuls of different shapes in an inference graph (or, opt-in, a backward
@@ -529,6 +531,7 @@ def _layer_norm_shapes_differ(g: Group) -> str | None:
     priority=122,
     options={"max_pack_bytes": MAX_PACK_BYTES},
     copies=_layer_norm_copies,
+    custom_op=True,
 )
 def batched_layer_norm(g: Group, b: Builder) -> dict[fx.Node, fx.Node]:
     """Independent LayerNorms of different widths become one batched-layer-norm kernel call.

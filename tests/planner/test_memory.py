@@ -289,3 +289,103 @@ def test_only_saved_results_count_as_shared():
     ws = [torch.randn(8, 16) for _ in range(4)]
     gm = make_fx(one_saved)(xs, ws)
     assert Liveness(gm.graph, outputs_saved=True).shared_saved_bytes(_mms(gm)) == 0
+
+
+def test_in_training_a_groups_stacked_operands_are_saved_for_the_backward():
+    # the fused op's backward reads what it stacked (a batched matmul's dW, a grouped
+    # kernel's saved x): the copy lives to the end of a Torch-IR training graph, as the
+    # activations the loop saved do; in inference it dies with the op
+    xs = [torch.randn(64, 16) for _ in range(4)]
+    ws = [torch.randn(16, 256) for _ in range(4)]
+    gm = make_fx(_sequences)(xs, ws)
+    for n in gm.graph.nodes:  # as Dynamo's pre-grad graph of a training step records them
+        v = n.meta.get("val")
+        if n.op == "call_function" and isinstance(v, torch.Tensor) and v.is_floating_point():
+            n.meta["val"] = v.detach().requires_grad_(True)
+    mms = _mms(gm)
+    inputs = [m.args[0] for m in mms]
+    stacked = [(x, 64 * 16 * 4) for x in inputs]
+    copy = sum(b for _, b in stacked)
+    training = Liveness(gm.graph, saved_for_backward=True)
+    rise = training.with_group(mms, stacked) - training.with_group(mms)
+    assert abs(rise - copy) <= 64, (rise, copy)  # live at the end, where the saved activations peak
+    inference = Liveness(gm.graph)
+    assert inference.with_group(mms, stacked) - inference.with_group(mms) < copy
+
+
+def _as_training(gm):
+    for n in gm.graph.nodes:  # as Dynamo's pre-grad graph of a training step records them
+        v = n.meta.get("val")
+        if n.op == "call_function" and isinstance(v, torch.Tensor) and v.is_floating_point():
+            n.meta["val"] = v.detach().requires_grad_(True)
+    return gm
+
+
+def test_in_training_the_copy_of_a_saved_activation_is_not_saved_twice():
+    # splitcat: the members read chunks of one round tensor, itself saved for the backward;
+    # the stack of the chunks replaces them for the backward (the partitioner saves one of
+    # the two), so in training too the copy dies with the fused op
+    def rounds(x, v, ws):
+        chunks = (x @ v).split(16, 1)  # the round: materialized, needs a gradient
+        return [torch.relu(c @ w).sum(1) for c, w in zip(chunks, ws)]
+
+    n, rows = 4, 64
+    gm = _as_training(make_fx(rounds)(torch.randn(rows, 16), torch.randn(16, 16 * n), [torch.randn(16, 256) for _ in range(n)]))
+    mms = _mms(gm)[1:]
+    stacked = [(m.args[0], rows * 16 * 4) for m in mms]
+    copy = sum(b for _, b in stacked)
+    training = Liveness(gm.graph, saved_for_backward=True)
+    assert all(training._held_to_end(m.args[0], training.keys, training.grad, training._found[2]) for m in mms)
+    rise = training.with_group(mms, stacked) - training.with_group(mms)
+    assert abs(rise - copy) <= 64, (rise, copy)  # the chunks' stacked gradient (backward_bytes), not the copy too
+    # a chunk of a graph input is not saved by the loop: its copy is (the test above)
+    gm = _as_training(make_fx(lambda x, ws: [torch.relu(c @ w).sum(1) for c, w in zip(x.split(16, 1), ws)])(torch.randn(rows, 16 * n), [torch.randn(16, 256) for _ in range(n)]))
+    mms = _mms(gm)
+    training = Liveness(gm.graph, saved_for_backward=True)
+    rise = training.with_group(mms, [(m.args[0], rows * 16 * 4) for m in mms]) - training.with_group(mms)
+    assert abs(rise - copy) <= 64, (rise, copy)  # the copy, saved (the input needs no gradient)
+
+
+def _chain_and_branches():
+    def chain(xs, ws, v):  # every later op depends on every member (splitcat's rounds)
+        t = torch.cat([x @ w for x, w in zip(xs, ws)], 1)
+        for _ in range(3):
+            t = torch.relu(t @ v)
+        return t.sum()
+
+    def branches(xs, ws, vs):  # each later op depends on one member only (interformer's sequences)
+        return sum(torch.relu(torch.relu(x @ w) @ v).sum() for x, w, v in zip(xs, ws, vs))
+
+    n, rows, k, wide = 4, 64, 16, 64
+    xs = [torch.randn(rows, k) for _ in range(n)]
+    ws = [torch.randn(k, wide) for _ in range(n)]
+    a = _as_training(make_fx(chain)(xs, ws, torch.randn(n * wide, n * wide)))
+    b = _as_training(make_fx(branches)(xs, ws, [torch.randn(wide, 4 * wide) for _ in range(n)]))
+    return a, b, n
+
+
+def test_in_training_a_groups_gradients_are_charged_when_its_backward_runs():
+    # the group's gradients are complete only after the backward of the ops that depend on
+    # every member, which freed what those saved: charged over what is left, not over all
+    chain, branches, n = _chain_and_branches()
+    live = Liveness(chain.graph, saved_for_backward=True)
+    first = _mms(chain)[:n]
+    assert len(live._depending_on_all(first)) > 0
+    timed, opaque = live.with_group(first), live.with_group(first, opaque_backward=True)
+    assert timed < opaque, (timed, opaque)
+    assert timed >= live.peak  # never below the graph's own peak
+    # independent branches: a member's gradient may be complete while the others' ops still
+    # hold what they saved, so nothing is counted freed
+    live = Liveness(branches.graph, saved_for_backward=True)
+    first = [m for m in _mms(branches) if m.args[0].op == "placeholder"]
+    common = live._depending_on_all(first)
+    assert len(first) == n and sum(live.size[k] for x in common for k in live.keys[x]) <= 16  # the loss's sums only
+    assert live.with_group(first, opaque_backward=True) - live.with_group(first) <= 16
+
+
+def test_our_custom_op_rules_are_charged_over_everything_saved():
+    from optimus.rules import embedding, grouped_kernels, horizontal
+
+    assert grouped_kernels.grouped_linear.custom_op and grouped_kernels.batched_layer_norm.custom_op
+    assert grouped_kernels.grouped_mm.custom_op and embedding.group_embedding_lookups.custom_op
+    assert not horizontal.batch_linear.custom_op and not horizontal.batch_mm.custom_op
