@@ -291,17 +291,21 @@ def test_only_saved_results_count_as_shared():
     assert Liveness(gm.graph, outputs_saved=True).shared_saved_bytes(_mms(gm)) == 0
 
 
+def _as_training(gm):
+    for n in gm.graph.nodes:  # as Dynamo's pre-grad graph of a training step records them
+        v = n.meta.get("val")
+        if n.op == "call_function" and isinstance(v, torch.Tensor) and v.is_floating_point():
+            n.meta["val"] = v.detach().requires_grad_(True)
+    return gm
+
+
 def test_in_training_a_groups_stacked_operands_are_saved_for_the_backward():
     # the fused op's backward reads what it stacked (a batched matmul's dW, a grouped
     # kernel's saved x): the copy lives to the end of a Torch-IR training graph, as the
     # activations the loop saved do; in inference it dies with the op
     xs = [torch.randn(64, 16) for _ in range(4)]
     ws = [torch.randn(16, 256) for _ in range(4)]
-    gm = make_fx(_sequences)(xs, ws)
-    for n in gm.graph.nodes:  # as Dynamo's pre-grad graph of a training step records them
-        v = n.meta.get("val")
-        if n.op == "call_function" and isinstance(v, torch.Tensor) and v.is_floating_point():
-            n.meta["val"] = v.detach().requires_grad_(True)
+    gm = _as_training(make_fx(_sequences)(xs, ws))
     mms = _mms(gm)
     inputs = [m.args[0] for m in mms]
     stacked = [(x, 64 * 16 * 4) for x in inputs]
@@ -311,14 +315,6 @@ def test_in_training_a_groups_stacked_operands_are_saved_for_the_backward():
     assert abs(rise - copy) <= 64, (rise, copy)  # live at the end, where the saved activations peak
     inference = Liveness(gm.graph)
     assert inference.with_group(mms, stacked) - inference.with_group(mms) < copy
-
-
-def _as_training(gm):
-    for n in gm.graph.nodes:  # as Dynamo's pre-grad graph of a training step records them
-        v = n.meta.get("val")
-        if n.op == "call_function" and isinstance(v, torch.Tensor) and v.is_floating_point():
-            n.meta["val"] = v.detach().requires_grad_(True)
-    return gm
 
 
 def test_in_training_the_copy_of_a_saved_activation_is_not_saved_twice():
@@ -337,7 +333,7 @@ def test_in_training_the_copy_of_a_saved_activation_is_not_saved_twice():
     training = Liveness(gm.graph, saved_for_backward=True)
     assert all(training._held_to_end(m.args[0], training.keys, training.grad, training._found[2]) for m in mms)
     rise = training.with_group(mms, stacked) - training.with_group(mms)
-    assert abs(rise - copy) <= 64, (rise, copy)  # the chunks' stacked gradient (backward_bytes), not the copy too
+    assert abs(rise - copy) <= 64, (rise, copy)  # the chunks' stacked gradient (the group's backward), not the copy too
     # a chunk of a graph input is not saved by the loop: its copy is (the test above)
     gm = _as_training(make_fx(lambda x, ws: [torch.relu(c @ w).sum(1) for c, w in zip(x.split(16, 1), ws)])(torch.randn(rows, 16 * n), [torch.randn(16, 256) for _ in range(n)]))
     mms = _mms(gm)
