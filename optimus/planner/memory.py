@@ -750,7 +750,7 @@ class Liveness:
         freed = 0
         if not opaque_backward:
             common = self._depending_on_all(members)
-            freed = sum(size[k] for k, (owner, _, last) in spans.items() if owner in common and k in grad and last == len(curve) - 1)
+            freed = sum(size[k] for k, (owner, _, _) in spans.items() if owner in common and k in grad)  # counted and needing a gradient: held to the end
         return float(max(curve.max(), curve[-1] - freed + gradients))
 
 
