@@ -170,3 +170,16 @@ def test_training_dropout_is_not_batched():
 
     run = run_level(f, [torch.randn(4, 3)], "torch_ir")
     assert run.matched("batch_pointwise") == 0 and run.ops(0)["dropout"] == 4
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_batch_pointwise_broadcasts_a_tensor_every_member_shares(level):
+    # dcnv2's x0 * expert_i: x0 is not stacked G times (a copy, and a (G, ...) gradient
+    # buffer in the backward); it broadcasts against the stacked other operand
+    def f(x0, y):
+        return [(x0 * c).sum(0) for c in y.unbind(1)]
+
+    run = check_level(f, [torch.randn(3, 4), torch.randn(3, 5, 4)], level)
+    assert run.matched("batch_pointwise") == 1
+    ops = run.ops(0)
+    assert ops.get("mul") == 1 and ops.get("stack", 0) == 0 and ops.get("cat", 0) == 0, ops
