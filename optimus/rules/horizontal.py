@@ -391,14 +391,13 @@ def batch_pointwise(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     # one tensor shared by every member (dcnv2's x0 * expert_i) broadcasts against the
     # stacked operands: stacking it would be G copies, and its gradient a (G, ...) buffer
     # (68 MiB in dcnv2's backward) where the broadcast's is reduced inside the kernel
-    stacked_other = any(k != "input" and not all(v is vs[0] for v in vs) for k, vs in zip(names, lists))
+    shared = {k: all(v is vs[0] for v in vs) for k, vs in zip(names, lists)}
+    broadcast_input = shared["input"] and not all(shared[k] for k in names if k != "input")
     for k, values in zip(names, lists):
         if k != "input":
             args[k] = _broadcast_stack(g, b, values, rank)
-        elif stacked_other and all(v is values[0] for v in values):
-            args[k] = values[0]
         else:
-            args[k] = b.stack(values, 0)
+            args[k] = values[0] if broadcast_input else b.stack(values, 0)
     if g.op == "dropout":
         args["training"] = False  # only non-random dropouts are grouped (see the key)
     return _unbind_results(g, b, b.emit(g.op, **args))
