@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 
 def _passes_arg(value: str) -> Any:
-    """``all`` / ``vertical`` / a comma list of names / a JSON dict per level."""
+    """``auto`` / ``all`` / ``vertical`` / a comma list of names / a JSON dict per level."""
     value = value.strip()
     if value.startswith("{"):
         return json.loads(value)
@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="plain Inductor vs Inductor + Optimus on a built-in split/cat-heavy model")
     demo.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda if available, else cpu")
-    demo.add_argument("--passes", type=_passes_arg, default="all", help="a preset (default all; auto: the planner chooses), comma list of names, or JSON dict per level")
+    demo.add_argument("--passes", type=_passes_arg, default="auto", help="auto (the default: the planner chooses), a preset (all, vertical, ...), comma list of names, or JSON dict per level")
     demo.add_argument("--small", action="store_true", help="a tiny model (seconds), for smoke tests")
     demo.add_argument("--iters", type=int, default=None, help="timed steps (default 30)")
     demo.add_argument("--json", action="store_true", help="print JSON instead of the table")
@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_cmd_demo)
 
     explain = sub.add_parser("explain", help="compile the demo model and print what each rule did")
-    explain.add_argument("--passes", type=_passes_arg, default="all")
+    explain.add_argument("--passes", type=_passes_arg, default="auto", help="as for demo (default auto)")
     explain.add_argument("--small", action="store_true")
     explain.add_argument("--json", action="store_true")
     explain.add_argument("--graph", metavar="DIR", default=None,

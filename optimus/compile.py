@@ -48,10 +48,11 @@ CustomGraphPass = compat.CustomGraphPass or object
 # The backend's own keys in ``options`` (everything else there is an Inductor option).
 PASSES_OPTION = "optimus_passes"
 TUNE_OPTION = "optimus_tune"
-# The default stays "all": on the H200 (2026-12-01, docs/benchmarks.md) passes="auto" was
-# slower than "all" (training 1.42x Inductor against 1.65x, inference 0.94x against 1.18x,
-# geometric means over the zoo), so the planner is opt-in until it meets its targets.
-DEFAULT_PASSES = "all"
+# The default is the planner: it prices each rewrite and bounds its memory, so it does not
+# spend memory for speed the way the fixed presets may ("all" peaked at 5.9x Inductor's on
+# interformer inference, run 20) and was never slower than Inductor on the zoo and the HF
+# models (docs/planner.md, "Measured"). The fixed presets stay available by name.
+DEFAULT_PASSES = "auto"
 TUNE_CANDIDATES = ("auto", "all", "vertical", "none")  # what tune=True measures per graph
 # Inductor's own autotuning is left out of the trial compiles (it would multiply their cost
 # by the GEMM search); the chosen plan compiles with it.
@@ -444,7 +445,7 @@ def optimus_backend(gm: fx.GraphModule, example_inputs: list[Any], mode: str | N
     """``torch.compile(model, backend="optimus", mode=..., options=...)``.
 
     ``options`` holds Inductor options, plus ``"optimus_passes"`` to choose Optimus's
-    passes (default ``"all"``; ``"auto"``: the planner chooses) and ``"optimus_tune"``
+    passes (default ``"auto"``: the planner chooses; or a preset such as ``"all"``) and ``"optimus_tune"``
     (with ``"auto"``: measure the candidate plans per graph). Graphs compiled through the registered backend with the
     same passes share one session; its report (``optimus.last_report()``) accumulates
     every graph compiled this way.
@@ -473,9 +474,9 @@ def last_report() -> Report | None:
 def compile(model: Any, passes: Any = DEFAULT_PASSES, tune: bool = False, pack_parameters: bool | None = None, **torch_compile_kwargs: Any) -> Any:
     """``torch.compile(model, **kwargs)`` with Optimus's passes; returns the compiled model.
 
-    ``passes="all"`` (the default), a preset (``"vertical"``, ...) or a rule list runs
-    exactly that; ``passes="auto"`` lets the planner choose per graph which rewrites pay
-    off on this device (docs/planner.md), and with it ``tune=True`` also measures the
+    ``passes="auto"`` (the default) lets the planner choose per graph which rewrites pay
+    off on this device (docs/planner.md); a preset (``"all"``, ``"vertical"``, ...) or a
+    rule list runs exactly that. With ``"auto"``, ``tune=True`` also measures the
     candidate plans on the first inputs and caches the choice on disk
     (``mode="max-autotune"`` implies it). ``pack_parameters=True`` first packs the
     model's groups of sibling parameters into one buffer each, in place

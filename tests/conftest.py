@@ -13,6 +13,9 @@ def pytest_configure(config):
     import tempfile
 
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="optimus-tests-inductor-"))
+    # Likewise the planner's decision and profile cache: a plan tuned by one test run (or by
+    # the user) must not answer for the next ("auto", the default, tunes under max-autotune).
+    os.environ.setdefault("OPTIMUS_CACHE_DIR", tempfile.mkdtemp(prefix="optimus-tests-cache-"))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -23,7 +23,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 import optimus
 from optimus.compile import CUDAGRAPH_KERNELS_ENV
 from optimus.models.towers import Tower  # Linear -> LayerNorm -> ReLU
-from optimus.packing import find_groups, pack_by_default, packed_slot
+from optimus.packing import NOT_BY_DEFAULT_PLANNED, find_groups, pack_by_default, packed_slot
 
 
 class Towers(nn.Module):
@@ -497,13 +497,15 @@ def test_pack_by_default_declines_the_cpu_and_non_modules():
 def test_compile_default_on_the_cpu_leaves_storage_alone_and_says_why():
     model = make()
     before = [p.data_ptr() for p in model.parameters()]
-    compiled = optimus.compile(model)
+    compiled = optimus.compile(model, passes="all")  # a fixed preset: packing's own default
     x = inputs()
     torch.testing.assert_close(compiled(x), make()(x))
     assert [p.data_ptr() for p in model.parameters()] == before
     assert "pack_parameters: not by default on cpu: packing was measured to pay on CUDA only" in compiled.optimus_report.notes
-    compiled = optimus.compile(make(), mode="reduce-overhead")
+    compiled = optimus.compile(make(), passes="all", mode="reduce-overhead")
     assert any("not by default under CUDA graphs" in n for n in compiled.optimus_report.notes)
+    compiled = optimus.compile(make())  # the default passes, "auto"
+    assert f"pack_parameters: {NOT_BY_DEFAULT_PLANNED}" in compiled.optimus_report.notes
 
 
 def test_compile_explicit_false_packs_nothing_and_adds_no_note():

@@ -95,7 +95,7 @@ def _build(model_name: str | None, cfg: DemoConfig, device: str) -> tuple[nn.Mod
 def run_demo(
     device: str | None = None,
     cfg: DemoConfig | None = None,
-    passes: Any = "all",
+    passes: Any = "auto",
     configs: tuple[str, ...] = ("inductor", "optimus"),
     model_name: str | None = None,
 ) -> dict[str, Any]:

@@ -129,11 +129,11 @@ def test_the_context_reads_cuda_graphs_training_and_autotune_from_the_compile():
     assert Context.of_compile([x], {}, mode_tunes=True).tune
 
 
-def test_auto_is_opt_in_and_the_report_shows_the_planner():
-    assert oc.DEFAULT_PASSES == "all"  # until the planner meets its H200 targets (docs/planner.md)
+def test_auto_is_the_default_and_the_report_shows_the_planner():
+    assert oc.DEFAULT_PASSES == "auto"
     model = towers(8, 16, 16, consume=False)  # 8 linears: the rule's own launch count takes them, the planner judges
     xs = [torch.randn(16, 16) for _ in range(8)]
-    compiled = optimus.compile(model, passes="auto")
+    compiled = optimus.compile(model)
     got = compiled(*xs)
     for g, w in zip(got, model(*xs)):
         torch.testing.assert_close(g, w)
@@ -142,6 +142,19 @@ def test_auto_is_opt_in_and_the_report_shows_the_planner():
     assert any(n.startswith("planner: cpu") for n in report.notes), report.notes
     assert any(g.decisions for g in report.graphs)
     assert "planner:" in report.table()
+
+
+def test_the_registered_backend_and_the_command_line_default_to_auto():
+    torch._dynamo.reset()
+    model, xs = towers(2, 8, 8, consume=True), [torch.randn(4, 8) for _ in range(2)]
+    torch.testing.assert_close(torch.compile(model, backend="optimus")(*xs), model(*xs))
+    assert optimus.last_report().passes == "auto"
+    from optimus.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["demo"]).passes == "auto"
+    assert parser.parse_args(["explain"]).passes == "auto"
+    assert parser.parse_args(["demo", "--passes", "all"]).passes == "all"  # the fixed presets by name
 
 
 def _tiny():
