@@ -1,8 +1,9 @@
 """Rewrites under static and dynamic shapes, for every zoo model (CPU, small configs).
 
 ``python -m optimus.tools.dynamic_report [--models a,b] [--modes inference,training]
-[--json FILE]`` compiles each zoo model three ways and counts the rewrites its report
-records (dead-code removal left out):
+[--passes P] [--json FILE]`` compiles each zoo model three ways with passes ``P`` (default:
+optimus.compile's default, ``"auto"``) and counts the rewrites its report records
+(dead-code removal left out):
 
 * ``static``: ``optimus.compile(model, dynamic=False)``;
 * ``dynamic``: ``dynamic=True`` (every size symbolic);
@@ -99,9 +100,11 @@ def count_rewrites(report: Any) -> dict[str, Any]:
     }
 
 
-def measure(name: str, mode: str, setting: str) -> dict[str, Any]:
-    """Compile zoo model ``name`` once in ``mode`` under ``setting``; see the module doc."""
+def measure(name: str, mode: str, setting: str, passes: Any = None) -> dict[str, Any]:
+    """Compile zoo model ``name`` once in ``mode`` under ``setting`` (``passes``: None for
+    optimus.compile's default); see the module doc."""
     import optimus
+    from optimus.compile import DEFAULT_PASSES
     from optimus.models import get_model
 
     torch._dynamo.reset()
@@ -116,7 +119,9 @@ def measure(name: str, mode: str, setting: str) -> dict[str, Any]:
         for t in inputs:
             torch._dynamo.mark_dynamic(t, 0)
     kwargs = {"dynamic": {"static": False, "dynamic": True, "mark_dynamic": None}[setting]}
-    row: dict[str, Any] = {"model": name, "mode": mode, "setting": setting}
+    if passes is not None:
+        kwargs["passes"] = passes
+    row: dict[str, Any] = {"model": name, "mode": mode, "setting": setting, "passes": passes or DEFAULT_PASSES}
     t0 = time.perf_counter()
     counters = torch._dynamo.utils.counters
     counters.clear()
@@ -175,6 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--models", default=",".join(model_names()), help="comma-separated zoo models (default: all)")
     p.add_argument("--modes", default=",".join(MODES), help="inference,training")
     p.add_argument("--settings", default=",".join(SETTINGS), help="static,dynamic,mark_dynamic")
+    p.add_argument("--passes", default=None, help="a preset (default: optimus.compile's, auto)")
     p.add_argument("--json", default=None, help="write every row here")
     args = p.parse_args(argv)
     _fresh_caches()
@@ -182,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in args.models.split(","):
         for mode in args.modes.split(","):
             for setting in args.settings.split(","):
-                row = measure(name, mode, setting)
+                row = measure(name, mode, setting, args.passes)
                 rows.append(row)
                 if args.json:  # after every row: a long run interrupted keeps what it measured
                     _write(args.json, rows)
