@@ -1,6 +1,6 @@
 """CPU proxy for the planner's memory target (docs/planner.md, "Memory").
 
-Compiles a zoo model on the CPU with the planner priced for the H200 (the committed device
+Compiles a zoo model (or an external one: hf_bert, hf_gpt2) on the CPU with the planner priced for the H200 (the committed device
 profile) and the kernel-op rules on, runs two steps, then measures one step's own peak of
 tensor memory (profiler allocation events, ``optimus.measure.peak_tensor_memory``).
 
@@ -18,7 +18,7 @@ import torch  # noqa: E402
 
 import optimus  # noqa: E402
 from optimus import measure  # noqa: E402
-from optimus.models import get_model  # noqa: E402
+from optimus.bench.external import get_bench_model  # noqa: E402  (zoo and external models)
 from optimus.planner import costmodel  # noqa: E402
 
 PROFILE = os.path.join(os.path.dirname(__file__), "h200-profile", "profile-NVIDIA_H200_2_11_0_cu130.json")
@@ -26,7 +26,7 @@ costmodel.set_profile("cpu", costmodel.DeviceProfile.from_json(json.load(open(PR
 name, mode = sys.argv[1], sys.argv[2]
 for cfg in sys.argv[3].split(","):
     torch._dynamo.reset()
-    z = get_model(name, "realistic", device="cpu")
+    z = get_bench_model(name, "realistic", device="cpu")
     passes, _, packed = cfg.partition("-")
     fn = (torch.compile(z.model, fullgraph=True) if cfg == "inductor"
           else optimus.compile(z.model, passes=passes, fullgraph=True, pack_parameters=packed == "packed"))
@@ -36,7 +36,7 @@ for cfg in sys.argv[3].split(","):
             with torch.no_grad():
                 return fn(*z.inputs)
         out = fn(*z.inputs)
-        (out if isinstance(out, torch.Tensor) else out[0]).float().sum().backward()
+        z.loss(out).backward() if hasattr(z, "loss") else (out if isinstance(out, torch.Tensor) else out[0]).float().sum().backward()
 
     step()
     step()

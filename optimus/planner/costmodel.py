@@ -172,9 +172,14 @@ PROBE_SMALL = (512, 256, 256)
 def matmul_rate(p: DeviceProfile, dtype: str, tiles: int | None) -> float:
     """Achieved TFLOP/s of a matmul of ``tiles`` 128x128 output tiles.
 
-    Throughput follows occupancy: ``tiles`` fill ``tiles / units`` of the device per
-    wave, and a partial last wave idles the rest. Libraries tile small problems finer
-    than 128x128; the measured small-problem rate calibrates by how much (``alpha``)."""
+    Throughput follows occupancy: a problem of less than one wave fills ``tiles / units``
+    of the device. Libraries tile small problems finer than 128x128; the measured
+    small-problem rate calibrates by how much (``alpha``). A problem of a wave or more
+    runs at the large rate: the partial last wave is not charged, because libraries
+    balance it (split-K, stream-K, another tile) in ways the model cannot see; priced as
+    lost, it made one bmm of large GEMMs look faster than its members. Batching pays for
+    occupancy only where the members leave the device partly idle (``matmul_tiles``
+    counts a long reduction's splits)."""
     r = p.matmul_tflops.get(dtype, p.matmul_tflops["fp32"])
     large, small = r["large"], r["small"]
     if tiles is None:
@@ -182,8 +187,7 @@ def matmul_rate(p: DeviceProfile, dtype: str, tiles: int | None) -> float:
     probe_tiles = matmul_tiles(PROBE_SMALL[0], PROBE_SMALL[2])
     alpha = max(1.0, (small / large) / (probe_tiles / p.units))
     eff = alpha * max(1, tiles)
-    waves = math.ceil(eff / p.units)
-    return large * eff / (waves * p.units)
+    return large * min(1.0, eff / p.units)
 
 
 def kernel_us(p: DeviceProfile, bytes_moved: float, flops: float = 0.0, dtype: str = "fp32", tiles: int | None = None, launched: bool = True) -> float:
@@ -199,8 +203,24 @@ def kernel_us(p: DeviceProfile, bytes_moved: float, flops: float = 0.0, dtype: s
     return t
 
 
-def matmul_tiles(m: int, n: int, batch: int = 1, tile: int = 128) -> int:
-    return batch * math.ceil(max(m, 1) / tile) * math.ceil(max(n, 1) / tile)
+# A single matmul (not batched) whose reduction is this long or longer is assumed split
+# along it (split-K) when its output tiles leave the device partly idle: ``k // SPLIT_K_DEPTH``
+# parallel pieces per tile. Batched matmuls get no such split: cuBLAS's batched kernels
+# reduce each product in one block (H200 run 5: a batched weight gradient over many tokens
+# ran 35.7 ms in a 32x32-tile kernel, docs/benchmarks.md). Without this, a weight gradient
+# over 4096 tokens with a 768 x 768 output (36 tiles) was priced at 77% of the large rate
+# alone and 100% batched, so the planner batched HF BERT-base's weight gradients
+# (2026-12-06, CPU proxy priced for the H200: est. 497 -> 435 us per group of 4).
+SPLIT_K_DEPTH = 1024
+
+
+def matmul_tiles(m: int, n: int, batch: int = 1, tile: int = 128, k: int | None = None) -> int:
+    """Output tiles of a (batched) ``m x n`` product; with ``k``, a single product's
+    tiles count once per ``SPLIT_K_DEPTH`` of its reduction (see above)."""
+    tiles = batch * math.ceil(max(m, 1) / tile) * math.ceil(max(n, 1) / tile)
+    if batch == 1 and k is not None:
+        tiles *= max(1, k // SPLIT_K_DEPTH)
+    return tiles
 
 
 def copy_us(p: DeviceProfile, nbytes: float, launched: bool = True) -> float:

@@ -177,7 +177,7 @@ def node_cost(view: GraphView, node: fx.Node, p: DeviceProfile, launched: bool, 
     if op in MATMUL_OPS and call is not None:
         batch, m, n, k = _matmul_shape(view, call, outs[0])
         flops = 2.0 * batch * m * n * k
-        one = costmodel.kernel_us(p, in_bytes + out_bytes, flops, dtype, costmodel.matmul_tiles(m, n, batch), launched)
+        one = costmodel.kernel_us(p, in_bytes + out_bytes, flops, dtype, costmodel.matmul_tiles(m, n, batch, k=k), launched)
         cost.add(one)
         if grad:
             cost.add(2 * one, 2)  # dX and dW: about the same work each

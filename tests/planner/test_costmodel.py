@@ -36,6 +36,29 @@ def test_two_large_copies_for_one_launch_lose_under_graphs_and_win_when_launch_b
     assert after == before  # two launches either way: no gain, no loss
 
 
+def test_a_gemm_of_a_wave_or_more_runs_at_the_large_rate():
+    large = H200ISH.matmul_tflops["fp32"]["large"]
+    assert cm.matmul_rate(H200ISH, "fp32", 10 * H200ISH.units + 1) == large  # no partial last wave charged
+    assert cm.matmul_rate(H200ISH, "fp32", 8) < large / 2  # one wave or less: occupancy
+
+
+def test_weight_gradients_over_many_tokens_are_no_faster_batched():
+    """HF BERT-base's weight gradients (768 x 768 outputs over 4096 tokens): a single
+    product splits its long reduction, a batched one does not, so batching four of them
+    buys nothing but launches (the planner then declines them; docs/planner.md)."""
+    m, n, k, g = 768, 768, 4096, 4
+    nbytes = 4 * (m * k + k * n + m * n)
+    assert cm.matmul_tiles(m, n, k=k) == 4 * cm.matmul_tiles(m, n)  # split along k
+    assert cm.matmul_tiles(m, n, g, k=k) == g * cm.matmul_tiles(m, n)  # batched: no split
+    for launched in (True, False):
+        loop = g * cm.kernel_us(H200ISH, nbytes, 2 * m * n * k, "fp32", cm.matmul_tiles(m, n, k=k), launched)
+        fused = cm.kernel_us(H200ISH, g * nbytes, g * 2 * m * n * k, "fp32", cm.matmul_tiles(m, n, g, k=k), launched)
+        assert fused >= loop - g * H200ISH.launch_us  # at best the launches saved
+    # a short reduction keeps the occupancy gain of batching small products
+    m, n, k = 512, 256, 256
+    assert cm.matmul_tiles(m, n, k=k) == cm.matmul_tiles(m, n)
+
+
 def test_cpu_probe_runs_and_is_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("OPTIMUS_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("OPTIMUS_DEVICE_PROFILE", raising=False)
