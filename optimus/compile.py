@@ -50,8 +50,9 @@ PASSES_OPTION = "optimus_passes"
 TUNE_OPTION = "optimus_tune"
 # The default is the planner: it prices each rewrite and bounds its memory, so it does not
 # spend memory for speed the way the fixed presets may ("all" peaked at 5.9x Inductor's on
-# interformer inference, run 20) and was never slower than Inductor on the zoo and the HF
-# models (docs/planner.md, "Measured"). The fixed presets stay available by name.
+# interformer inference, run 20) and was never slower than Inductor on the zoo's medians in
+# the H200 runs 16 to 39 (docs/planner.md, "Against the targets", which also lists what it
+# misses). The fixed presets stay available by name.
 DEFAULT_PASSES = "auto"
 TUNE_CANDIDATES = ("auto", "all", "vertical", "none")  # what tune=True measures per graph
 # Inductor's own autotuning is left out of the trial compiles (it would multiply their cost

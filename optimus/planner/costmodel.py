@@ -207,10 +207,11 @@ def kernel_us(p: DeviceProfile, bytes_moved: float, flops: float = 0.0, dtype: s
 # along it (split-K) when its output tiles leave the device partly idle: ``k // SPLIT_K_DEPTH``
 # parallel pieces per tile. Batched matmuls get no such split: cuBLAS's batched kernels
 # reduce each product in one block (H200 run 5: a batched weight gradient over many tokens
-# ran 35.7 ms in a 32x32-tile kernel, docs/benchmarks.md). Without this, a weight gradient
-# over 4096 tokens with a 768 x 768 output (36 tiles) was priced at 77% of the large rate
-# alone and 100% batched, so the planner batched HF BERT-base's weight gradients
-# (2026-12-06, CPU proxy priced for the H200: est. 497 -> 435 us per group of 4).
+# ran 35.7 ms in a 32x32-tile kernel, docs/benchmarks.md). Without this and the full-wave
+# rule of ``matmul_rate``, HF BERT-base's weight gradients over 4096 tokens were priced at
+# 77% of the large rate alone and 88% (768 x 768, eight at a time) to 95% (768 x 3072, four)
+# batched, so the planner batched them (2026-12-06, CPU proxy priced for the H200: four
+# groups, e.g. 1988 -> 1744 us estimated for four FFN weight gradients).
 SPLIT_K_DEPTH = 1024
 
 
