@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 
 from .. import measure
-from ..compile import CustomGraphPass
+from ..compile import DEFAULT_PASSES, CustomGraphPass
 
 
 class SplitCatDemo(nn.Module):
@@ -95,7 +95,7 @@ def _build(model_name: str | None, cfg: DemoConfig, device: str) -> tuple[nn.Mod
 def run_demo(
     device: str | None = None,
     cfg: DemoConfig | None = None,
-    passes: Any = "auto",
+    passes: Any = DEFAULT_PASSES,
     configs: tuple[str, ...] = ("inductor", "optimus"),
     model_name: str | None = None,
 ) -> dict[str, Any]:
