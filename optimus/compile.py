@@ -328,7 +328,7 @@ class Session:
     def _compile(self, gm: fx.GraphModule, example_inputs: list[Any], options: dict[str, Any], user: dict[str, Any], plain: dict[str, Any]) -> Callable[..., Any]:
         if not self.levels():
             return compat.compile_fx(gm, example_inputs, None, plain)
-        eager = safety_net.eager_aliasing(gm)  # before any rewrite
+        eager = safety_net.eager_outputs(gm)  # before any rewrite
         record = snapshot(gm.graph)
         before = compat.cache_hit_counts()
         ladder: Any = safety_net.GraphLadder(self._attempts(user), self.report, self.next_graph_name)
@@ -350,19 +350,22 @@ class Session:
                 raise
             restore(gm.graph, record)
             gm.recompile()
-            note = f"compiling a graph with Optimus failed ({safety_net.brief(e)}); compiled again without any Optimus pass"
-            log.warning("optimus: %s", note)
-            self.report.notes.append(note)
+            safety_net.discard(self.report, self.report.graphs[mark:], f"compiling a graph with Optimus failed ({safety_net.brief(e)}); compiled again without any Optimus pass")
             compiled = compat.compile_fx(gm, example_inputs, None, plain)
         else:
             self._note_cache_hits(before)
+        mine = self.report.graphs[mark:]  # the graphs of this compile (a backward may follow)
+        graph = ", ".join(dict.fromkeys(f"{g.level} {g.graph}" for g in mine)) or "a graph"
 
         def recompile() -> Callable[..., Any]:
             restore(gm.graph, record)
             gm.recompile()
             return compat.compile_fx(gm, example_inputs, None, plain)
 
-        return safety_net.OutputGuard(compiled, recompile, eager, self.report.notes.append, not safety_net.mutates_inputs(gm))
+        def discard(why: str) -> None:
+            safety_net.discard(self.report, mine, f"{graph}: {why}")
+
+        return safety_net.OutputGuard(compiled, recompile, eager, self.report.notes.append, not safety_net.mutates_inputs(gm), discard)
 
     def _note_cache_hits(self, before: dict[str, int]) -> None:
         after = compat.cache_hit_counts()
