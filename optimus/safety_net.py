@@ -339,7 +339,7 @@ class OutputGuard:
             eager = EagerOutputs(frozenset(eager), ())
         self._eager = eager
         self._note = note
-        self._discard = discard or note
+        self._discard = discard or self._note_and_log
         self._may_rerun = may_rerun
         self._first = True
         self._copy: tuple[int, ...] = ()
@@ -371,9 +371,12 @@ class OutputGuard:
                     out[i] = out[i].clone()
         return tuple(out)
 
+    def _note_and_log(self, why: str) -> None:
+        self._note(why)
+        log.warning("optimus: %s", why)
+
     def _rerun_without_optimus(self, why: str, args: tuple[Any, ...]) -> Any:
         self._discard(f"{why}; compiled again without any Optimus pass")
-        log.warning("optimus: %s; recompiled without Optimus", why)
         assert self._recompile is not None
         self.compiled = self._recompile()
         return self.compiled(*args)

@@ -125,6 +125,14 @@ def test_report_renders(infer_json: dict, tmp_path) -> None:
     assert "| dlrm | eager |" in text and "ok (allclose) |" in text
     table = results.format_table(data)
     assert all(r["config"] in table for r in data["rows"].values())
+    assert rows_without_fallbacks(data) and "safety net" not in text
+    key = f"{MODEL}/infer/optimus"
+    data["rows"][key]["optimus_fallbacks"] = ["aten_ir inference 0: the first call raised; compiled again without any Optimus pass"]
+    assert f"**{key}**: the safety net compiled a graph again" in report.render(data)
+
+
+def rows_without_fallbacks(data: dict) -> bool:
+    return all(not r.get("optimus_fallbacks") for r in data["rows"].values())
 
 
 def test_plot(infer_json: dict, tmp_path) -> None:
