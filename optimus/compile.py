@@ -50,9 +50,9 @@ PASSES_OPTION = "optimus_passes"
 TUNE_OPTION = "optimus_tune"
 # The default is the planner: it prices each rewrite and bounds its memory, so it does not
 # spend memory for speed the way the fixed presets may ("all" peaks at 5.9x Inductor's on
-# interformer inference), and on the H200 it keeps Inductor's speed or better on the zoo's
-# medians (docs/planner.md, "Against the targets", which also lists what it misses). The
-# fixed presets stay available by name.
+# interformer inference), and on the H200 it keeps Inductor's speed or better on all but one
+# of the zoo's medians (docs/planner.md, "Against the targets", which also lists what it
+# misses). The fixed presets stay available by name.
 DEFAULT_PASSES = "auto"
 TUNE_CANDIDATES = ("auto", "all", "vertical", "none")  # what tune=True measures per graph
 # Inductor's own autotuning is left out of the trial compiles (it would multiply their cost
