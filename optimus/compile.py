@@ -49,9 +49,9 @@ CustomGraphPass = compat.CustomGraphPass or object
 PASSES_OPTION = "optimus_passes"
 TUNE_OPTION = "optimus_tune"
 # The default is the planner: it prices each rewrite and bounds its memory, so it does not
-# spend memory for speed the way the fixed presets may ("all" peaked at 5.9x Inductor's on
-# interformer inference, run 20) and was never slower than Inductor on the zoo's medians in
-# the H200 runs 16 to 39 (docs/planner.md, "Against the targets", which also lists what it
+# spend memory for speed the way the fixed presets may ("all" peaks at 5.9x Inductor's on
+# interformer inference), and on the H200 it keeps Inductor's speed or better on all but one
+# of the zoo's medians (docs/planner.md, "Against the targets", which also lists what it
 # misses). The fixed presets stay available by name.
 DEFAULT_PASSES = "auto"
 TUNE_CANDIDATES = ("auto", "all", "vertical", "none")  # what tune=True measures per graph
@@ -59,19 +59,19 @@ TUNE_CANDIDATES = ("auto", "all", "vertical", "none")  # what tune=True measures
 # by the GEMM search); the chosen plan compiles with it.
 # Rules that emit Triton custom ops not yet run under CUDA graphs. Under mode="reduce-overhead"
 # an op's cached device tables must not stay alive in a graph's pool, which cudagraph trees refuse
-# at the first replay ("tensors in the cudagraph pool not tracked as outputs", H200 run 4 of
-# 2026-12-01). The grouped-linear and layer-norm ops allocate their tables off the routed thread
-# (kernels/_devtables.py) and ran under cudagraph trees in H200 run 26 (hetero_towers, training
-# and inference: outputs and gradients as eager's, 1.14x and 1.62x Inductor's CUDA graphs), so
+# at the first replay ("tensors in the cudagraph pool not tracked as outputs"). The
+# grouped-linear and layer-norm ops allocate their tables off the routed thread
+# (kernels/_devtables.py) and run under cudagraph trees on the H200 (hetero_towers, training
+# and inference: outputs and gradients as eager's, faster than Inductor's CUDA graphs), so
 # grouped_linear, grouped_mm (the same op, at Aten-IR) and batched_layer_norm stay on there.
 # The grouped embedding-bag op has not run under capture: with OPTIMUS_CUDAGRAPH_KERNELS=1 its
 # rule stays on too, to measure it.
 CUDAGRAPH_UNSAFE_RULES = ("group_embedding_lookups",)
 CUDAGRAPH_KERNELS_ENV = "OPTIMUS_CUDAGRAPH_KERNELS"
 # Rule options turned off under CUDA graphs: batch_linear's optimus::packed_linear (packed
-# weights, docs/packing.md) ran correctly under capture in H200 runs 32-33 (with
-# OPTIMUS_CUDAGRAPH_KERNELS=1) but was not faster there (towers32 1.16x -> 0.99x Inductor's
-# CUDA graphs), so packed weights are stacked as before there.
+# weights, docs/packing.md) runs correctly under capture on the H200 (with
+# OPTIMUS_CUDAGRAPH_KERNELS=1) but is not faster there (towers32 1.16x -> 0.99x Inductor's
+# CUDA graphs), so packed weights are stacked there.
 CUDAGRAPH_UNSAFE_OPTIONS = {("torch_ir", "batch_linear"): {"packed_weights": False}}
 TRIAL_OPTIONS_OFF = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise", "coordinate_descent_tuning")
 

@@ -335,17 +335,17 @@ def unpack_parameters(module: nn.Module) -> list[str]:
 
 
 # optimus.compile(model, passes=<a fixed preset>) packs by default where the H200 measured
-# packing to pay (run 32, docs/packing.md): "all" or another fixed preset, parameters on CUDA,
-# no CUDA graphs. Under the default passes ("auto") it does not (yet). The
+# packing to pay (docs/packing.md): "all" or another fixed preset, parameters on CUDA,
+# no CUDA graphs. Under the default passes ("auto") it does not. The
 # reasons below are what the report says where it does not pack by default.
 NOT_BY_DEFAULT_CUDAGRAPHS = (
     "not by default under CUDA graphs: measured slower there in training "
-    "(H200 run 32: hetero_towers 1.41x -> 1.13x, towers32 1.16x -> 0.99x Inductor's CUDA graphs)"
+    "(H200: hetero_towers 1.41x -> 1.13x, towers32 1.16x -> 0.99x Inductor's CUDA graphs)"
 )
 NOT_BY_DEFAULT_PLANNED = (
     "not by default with passes='auto': packed weights under the planner were measured on one "
-    "model only (H200 run 39c: hetero_towers training 1.20x Inductor at its memory; run 32, "
-    "before the planner's training estimate: m1.90); pack_parameters=True packs"
+    "model only (H200: hetero_towers training 1.20x Inductor at its peak memory); "
+    "pack_parameters=True packs"
 )
 
 

@@ -1,4 +1,4 @@
-"""Where the host time of one grouped-op call goes, on the GPU's host (issue 15 item 5).
+"""Where the host time of one grouped-op call goes, on the GPU's host (docs/kernels.md).
 
 At hetero_towers' shapes (G = 24 members, M = 512 rows, fp32, the column layout) it times, per
 call, each layer of one ``optimus::grouped_linear`` / ``batched_layer_norm`` forward and

@@ -407,7 +407,7 @@ def test_cpu_peak_tensor_memory_counts_what_a_step_holds_at_once():
 @pytest.mark.slow
 def test_deadline_drops_only_the_rows_that_would_end_past_it() -> None:
     """A row expected to outlast the budget is not started; shorter rows still run (the
-    longest expected row once came first and stopped the whole plan: H200 run 8)."""
+    longest expected row comes first, and must not stop the whole plan)."""
     opts = harness.BenchOptions(device="cpu", size="small", iters=1, warmup=0)
     rows = parallel.run_parallel(["dlrm", "towers32"], ["infer"], ["eager"], opts, workers=1,
                                  deadline=time.perf_counter() + 120, prior={"dlrm/infer/eager": 1e6})

@@ -373,7 +373,7 @@ def test_numeric_check_that_cannot_run_warns():
 
 
 def test_dropout_model_trains_under_dynamic_true():
-    """Regression (issue 13): dynamic=True training with dropout must not break the compile."""
+    """Regression: dynamic=True training with dropout must not break the compile."""
 
     class Drop(torch.nn.Module):
         def __init__(self) -> None:

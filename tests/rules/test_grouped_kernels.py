@@ -2,7 +2,7 @@
 (K, N) become one optimus::grouped_linear, LayerNorms of different widths one
 optimus::batched_layer_norm. Structural (which ops remain, what the op was called with)
 and numeric (outputs and gradients equal eager, several shapes, both levels) on the CPU,
-where the custom ops run their plain-torch path; plus the bad inputs of issue 15."""
+where the custom ops run their plain-torch path; plus bad inputs."""
 
 import copy
 import random
