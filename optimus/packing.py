@@ -53,8 +53,8 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from .kernels.packed_ops import packed_slot
-from .kernels.param_ops import lies_concatenated
+from .kernels.packed_linear import packed_slot
+from .kernels.runtime.params import lies_concatenated
 
 ALIGN_BYTES = 16  # each member starts on a 16-byte boundary (what Inductor assumes of inputs)
 

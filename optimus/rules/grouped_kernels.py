@@ -68,7 +68,7 @@ from typing import Any, Hashable, Sequence
 import torch
 import torch.fx as fx
 from .. import kernels  # noqa: F401  (importing registers the optimus:: custom ops)
-from ..kernels.param_ops import lies_concatenated
+from ..kernels.runtime.params import lies_concatenated
 from ..core.group import Group, group_rule
 from ..core.rule import Builder
 from ..core.view import GraphView, is_int, num_outputs

@@ -116,7 +116,7 @@ def _lies_packed(view: GraphView, items: list[Any]) -> bool:
     """The members are parameters (graph inputs) lying packed in one storage, member ``i``
     at ``offset_0 + i * slot`` (``optimus.pack_parameters``): Dynamo's fake parameters keep
     their storage and offsets, so this is known at compile time."""
-    from ..kernels.packed_ops import packed_slot
+    from ..kernels.packed_linear import packed_slot
 
     values = []
     for item in items:
