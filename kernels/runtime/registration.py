@@ -117,14 +117,19 @@ def define(name: str, schema: str, impl: Callable, fake: Callable,
     def backward_(ctx, *grads):
         # the formula sees custom_op's convention: one entry per input of the op, a list of
         # flags for a tensor-list input
+        flat_needs = ctx.needs_input_grad
         needs: list = [[] if i in tensor_lists else False for i in range(ctx._optimus_nargs)]
-        for (i, j), flag in zip(ctx._optimus_where, ctx.needs_input_grad[2:]):
+        for (i, j), flag in zip(ctx._optimus_where, flat_needs[2:]):
             if j is None:
                 needs[i] = flag
             else:
                 needs[i].append(flag)
+        # restored afterwards: a graph kept for a second backward (retain_graph) reads them again
         ctx.needs_input_grad = tuple(needs)
-        got = backward(ctx, *grads)
+        try:
+            got = backward(ctx, *grads)
+        finally:
+            ctx.needs_input_grad = flat_needs
         flat = []
         for i, j in ctx._optimus_where:
             g = got[i]
