@@ -2,7 +2,7 @@
 
 compile.py leaves the rules that emit our Triton ops out under CUDA graphs, because in H200
 run 4 (2026-12-01) cudagraph trees refused their cached tables at the first replay; the
-tables have since moved (kernels/_devtables.py) and the experiment flag keeps the rules on.
+tables have since moved (kernels/runtime/tables.py) and the experiment flag keeps the rules on.
 This runs hetero_towers (realistic) on the GPU: per configuration, a fresh model, 3 warm-up
 steps, then the forward output and gradients of one more step against an eager copy's (the
 same parameters and inputs; training and inference), and the step time over 20 steps

@@ -19,4 +19,4 @@ echo "== 3 bench harness smoke (workers, cudagraphs configs)"
 timeout 150 python -m optimus.bench --model towers32 --mode all --device cuda --size small \
   --configs eager,inductor,optimus,inductor-cudagraphs,optimus-cudagraphs --workers 3 --json $OUT/smoke.json --quiet > $OUT/smoke.log 2>&1; echo "rc=$?"; tail -30 $OUT/smoke.log
 echo "== 4 grouped embedding bag"
-timeout -k 5 150 python -m kernels.bench_embedding --out $OUT --budget-s 120 > $OUT/emb.log 2>&1; echo "rc=$?"; tail -45 $OUT/emb.log
+timeout -k 5 150 python -m optimus.bench.kernels.embedding_bag --out $OUT --budget-s 120 > $OUT/emb.log 2>&1; echo "rc=$?"; tail -45 $OUT/emb.log

@@ -6,7 +6,7 @@
 # parameter-list ops go through the same registration). Tables last.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-timeout -k 5 115 python -m kernels.bench_grouped --out $OUT/grouped --budget-s 100 > $OUT/run28-bench-grouped.txt 2>&1
+timeout -k 5 115 python -m optimus.bench.kernels.overhead --out $OUT/grouped --budget-s 100 > $OUT/run28-bench-grouped.txt 2>&1
 TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 DIAG_HOST=1 timeout 90 python docs/results/gpu-diag-kernels.py hetero_towers/train/optimus > $OUT/run28-diag.log 2>&1
 R=$(mktemp -d)
 for mode in train infer; do

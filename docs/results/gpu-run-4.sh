@@ -12,7 +12,7 @@ timeout 320 python -m optimus.bench $C --mode train,infer --budget-minutes 4.9 \
 echo "bench exit $?"
 timeout 150 python -m optimus.bench $C --mode train --budget-minutes 2.0 --configs upstream > $OUT/bench-upstream.log 2>&1
 echo "upstream exit $?"
-timeout -k 5 95 python -m kernels.bench_grouped --out $OUT/grouped --budget-s 85 > $OUT/grouped.log 2>&1
+timeout -k 5 95 python -m optimus.bench.kernels.overhead --out $OUT/grouped --budget-s 85 > $OUT/grouped.log 2>&1
 echo "grouped exit $?"
 tail -25 $OUT/grouped.log
 python - <<'PY'

@@ -14,7 +14,7 @@ OPTIMUS_CUDAGRAPH_KERNELS=1 timeout 300 python -m optimus.bench $C --model heter
     --configs inductor,inductor-cudagraphs,optimus-cudagraphs,optimus-auto-cudagraphs \
     --json $OUT/h200-run7-cudagraphs.json > $OUT/bench-cg.log 2>&1
 echo "cudagraphs bench exit $?"
-timeout -k 5 150 python -m kernels.bench_grouped --out $OUT/grouped --budget-s 140 > $OUT/grouped.log 2>&1
+timeout -k 5 150 python -m optimus.bench.kernels.overhead --out $OUT/grouped --budget-s 140 > $OUT/grouped.log 2>&1
 echo "grouped exit $?"; tail -12 $OUT/grouped.log
 timeout 90 python -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_gpu.py -k int32 > $OUT/pytest-int32.log 2>&1
 echo "int32 tests exit $?"; tail -3 $OUT/pytest-int32.log

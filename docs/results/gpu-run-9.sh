@@ -17,7 +17,7 @@ mkdir -p $OUT/cache && cp docs/results/h200-profile/*.json $OUT/cache/ && export
 timeout 80 python -m pytest -q -p no:cacheprovider tests/bench/test_measure_gpu.py tests/planner/test_probe_gpu.py \
     tests/kernels/test_kernels_gpu.py -k "embedding_aligned or cudagraph_trees or step_memory or probe" > $OUT/pytest-gpu.log 2>&1
 echo "gpu tests exit $?"; grep -E "passed|failed|FAILED|Error" $OUT/pytest-gpu.log | head -12
-timeout -k 5 115 python -m kernels.bench_grouped --out $OUT/grouped --budget-s 100 > $OUT/grouped.log 2>&1
+timeout -k 5 115 python -m optimus.bench.kernels.overhead --out $OUT/grouped --budget-s 100 > $OUT/grouped.log 2>&1
 echo "grouped exit $?"; tail -14 $OUT/grouped.log
 C="--device cuda --size realistic --quiet --iters 20 --repeats 2"
 timeout 140 python -m optimus.bench $C --workers 1 --model hetero_towers,towers32 --mode infer --budget-minutes 1.8 \

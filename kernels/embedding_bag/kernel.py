@@ -644,7 +644,7 @@ def signature(ns, ds, modes, pads, bag_sizes, dtype) -> EBSignature:
 _TABLES = _dt.TableCache()
 # Device tables used while a CUDA graph is being captured: the graph reads them at every replay,
 # so they must outlive any cache eviction (cached entries of the capturing stream are reused;
-# missing ones are staged through the capture arena of ``_devtables``).
+# missing ones are staged through the capture arena of ``runtime/tables.py``).
 _CAPTURE_KEEPALIVE: list = []
 
 

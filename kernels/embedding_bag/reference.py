@@ -1,6 +1,6 @@
 """Plain-torch implementation of the grouped embedding bag (the CPU / no-Triton path of the ops).
 
-Same packed convention and semantics as ``grouped_embedding_bag_kernel`` (see its docstring):
+Same packed convention and semantics as ``kernel.py`` (see its docstring):
 ``indices`` is the tables' indices concatenated (table-major), bags are given by global
 ``offsets`` (``T * B + 1`` entries into ``indices``) or by fixed per-table bag sizes, the output
 is one ``[B, sum D_t]`` buffer.  16-bit weights are gathered, pooled in fp32 and rounded once, like

@@ -21,7 +21,6 @@ from . import reference as ref
 from .eager import run as _eager_run, validate
 
 
-
 def batched_layer_norm_packed(x: Tensor, w: Optional[Tensor], b: Optional[Tensor], rows: Sequence[int],
                               widths: Sequence[int], eps: float = 1e-5) -> Tensor:
     """``optimus::batched_layer_norm`` on packed buffers; returns the packed output only."""

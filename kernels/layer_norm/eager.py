@@ -74,7 +74,6 @@ def validate(xs, weights, biases, eps):
     return dtype, device
 
 
-
 # ------------------------------------------------------------------------------------------------
 # the plan and the autograd.Function
 # ------------------------------------------------------------------------------------------------
@@ -134,7 +133,7 @@ class _LNPlan:
 
     def fill(self, value: float, capture: bool):
         """ones (missing weights) / zeros (missing biases), cached (fresh while capturing; a cached
-        one used while capturing is kept alive for the graph, see ``_devtables``)."""
+        one used while capturing is kept alive for the graph, see ``runtime/tables.py``)."""
         t = self._fill.get(value)
         if t is None:
             t = torch.full((max(1, self.max_d),), value, dtype=self.dt, device=self.dev)

@@ -93,7 +93,6 @@ def _sum(x, AXIS: tl.constexpr):
     return tl.reduce(x, AXIS, tl.standard._sum_combine)
 
 
-
 # ---------------------------------------------------------------------------------------------
 # forward
 # ---------------------------------------------------------------------------------------------
@@ -562,7 +561,7 @@ class LNSignature:
         """Device copy of a shape-only table, cached per device and stream (uploaded
         asynchronously on the current stream: only known to be ready there).  While capturing a
         CUDA graph a cached copy is kept alive for good (the graph reads it at every replay) and a
-        missing one is staged fresh through the capture arena (see ``_devtables``)."""
+        missing one is staged fresh through the capture arena (see ``runtime/tables.py``)."""
         cap = _dt.capturing(device)
         key = (name, device, _dt.stream_key(device))
         t = self._dev.get(key)

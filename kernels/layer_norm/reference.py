@@ -28,7 +28,6 @@ def batched_layer_norm_list(xs, weights, biases, eps: float) -> List[torch.Tenso
     return [F.layer_norm(x, (x.shape[-1],), w, b, eps) for x, w, b in zip(xs, ws, bs)]
 
 
-
 def _offsets(sizes):
     out, o = [], 0
     for s in sizes:

@@ -26,7 +26,6 @@ from .eager import run as _eager_run, validate
 from .reference import activation_code
 
 
-
 def grouped_linear_packed(x: Tensor, w: Tensor, b: Optional[Tensor], ms: Sequence[int], ks: Sequence[int],
                           ns: Sequence[int], activation: Optional[str] = None) -> Tensor:
     """``optimus::grouped_linear`` on packed buffers; returns the packed output only."""

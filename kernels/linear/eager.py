@@ -107,7 +107,6 @@ def _fast_ok(xs, weights, biases, dtype, device) -> bool:
     return True
 
 
-
 # ------------------------------------------------------------------------------------------------
 # the plan and the autograd.Function
 # ------------------------------------------------------------------------------------------------
@@ -179,7 +178,7 @@ class _GLPlan:
 
     def zero_bias(self, capture: bool):
         """Zeros standing in for the missing biases (cached; a fresh one while capturing, and a
-        cached one used while capturing is kept alive for the graph, see ``_devtables``)."""
+        cached one used while capturing is kept alive for the graph, see ``runtime/tables.py``)."""
         if self._zero is not None:
             return _dt.keep_for_graphs(self._zero, capture)
         z = torch.zeros(max(1, self.max_n), dtype=self.dt, device=self.dev)

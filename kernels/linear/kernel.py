@@ -112,7 +112,6 @@ def _sum(x, AXIS: tl.constexpr):
     return tl.reduce(x, AXIS, tl.standard._sum_combine)
 
 
-
 # ---------------------------------------------------------------------------------------------
 # activation helpers
 # ---------------------------------------------------------------------------------------------
@@ -678,7 +677,7 @@ class GLSignature:
         stream is part of the key, as for the eager tables.  During CUDA-graph capture a cached
         copy is kept alive for good (the graph reads it at every replay, after any eviction of
         this signature) and a missing one is staged fresh through the capture arena, see
-        ``_devtables``."""
+        ``runtime/tables.py``."""
         cap = _dt.capturing(device)
         key = (device, _dt.stream_key(device))
         t = self._packed.get(key)

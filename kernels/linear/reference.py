@@ -93,7 +93,6 @@ def grouped_linear_list(xs: Sequence[torch.Tensor], weights: Sequence[torch.Tens
     return [apply_activation(F.linear(x, w, b), act) for x, w, b in zip(xs, weights, bs)]
 
 
-
 def _offsets(sizes):
     out, o = [], 0
     for s in sizes:

@@ -176,7 +176,7 @@ def batch_linear(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
 
     When the weights lie packed (``optimus.pack_parameters``) the stacks of weights and
     biases would be copies of what is already one buffer; then the batched matmul is
-    ``optimus::packed_linear`` (``kernels/packed_ops.py``), which reads them through a
+    ``optimus::packed_linear`` (``kernels/packed_linear/op.py``), which reads them through a
     strided view of that buffer (checked again on every call; a stack if they no longer
     lie packed) and hands back weight gradients in the parameters' own strides:
 
