@@ -61,7 +61,7 @@ TUNE_CANDIDATES = ("auto", "all", "vertical", "none")  # what tune=True measures
 # an op's cached device tables must not stay alive in a graph's pool, which cudagraph trees refuse
 # at the first replay ("tensors in the cudagraph pool not tracked as outputs"). The
 # grouped-linear and layer-norm ops allocate their tables off the routed thread
-# (kernels/_devtables.py) and run under cudagraph trees on the H200 (hetero_towers, training
+# (kernels/runtime/tables.py) and run under cudagraph trees on the H200 (hetero_towers, training
 # and inference: outputs and gradients as eager's, faster than Inductor's CUDA graphs), so
 # grouped_linear, grouped_mm (the same op, at Aten-IR) and batched_layer_norm stay on there.
 # The grouped embedding-bag op has not run under capture: with OPTIMUS_CUDAGRAPH_KERNELS=1 its
@@ -77,11 +77,11 @@ TRIAL_OPTIONS_OFF = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwis
 
 
 # What decides the code a compile produces: the core, the level views and drivers, the
-# rules, the integration, and the kernels the rules may emit. The tools (demo, fuzzer,
-# scale, GPU check), the benchmark harness, the model zoo, the measurement helpers and the
-# command line do not; changing them keeps every compile-cache entry valid.
+# rules, the integration, and the kernels the rules may emit (the whole kernels package:
+# their benchmarks live in optimus/bench/kernels). The tools (demo, fuzzer, scale, GPU
+# check), the benchmark harness, the model zoo, the measurement helpers and the command
+# line do not; changing them keeps every compile-cache entry valid.
 COMPILED_SOURCES: tuple[str, ...] = ("core", "torch_ir", "aten_ir", "inductor_ir", "rules", "planner", "compile.py", "compat.py", "distributed.py", "packing.py", "safety_net.py")
-KERNEL_TOOLS: tuple[str, ...] = ("bench.py", "bench_embedding.py", "bench_grouped.py", "aot_check.py")  # in kernels/, but they compile nothing
 
 
 def compiled_source_files() -> list[tuple[str, pathlib.Path]]:
@@ -94,8 +94,7 @@ def compiled_source_files() -> list[tuple[str, pathlib.Path]]:
         found += [(f.relative_to(root).as_posix(), f) for f in files]
     spec = importlib.util.find_spec("optimus.kernels")  # a top-level folder in a checkout
     for folder in (spec.submodule_search_locations or []) if spec is not None else []:
-        files = [f for f in sorted(pathlib.Path(folder).rglob("*.py")) if f.name not in KERNEL_TOOLS]
-        found += [(f"kernels/{f.relative_to(folder).as_posix()}", f) for f in files]
+        found += [(f"kernels/{f.relative_to(folder).as_posix()}", f) for f in sorted(pathlib.Path(folder).rglob("*.py"))]
     return sorted(found)
 
 

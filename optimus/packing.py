@@ -15,9 +15,9 @@ laid out concatenated instead, member ``i`` right after member ``i - 1`` with no
     buffer: [ w_0 | w_1 | ... | w_{G-1} ]          w_i at sum(numel(w_j) for j < i)
 
 which is ``cat([w.reshape(-1) for w in ws])``: what the grouped kernels' parameter-list ops
-(``kernels/param_ops.py``: ``grouped_linear_params``, ``batched_layer_norm_params``) read in
-place. The Parameter objects stay the same objects (optimizers, hooks, user
-references hold them); only their storage moves (``Parameter.data = view``, the in-place
+(``grouped_linear_params`` in ``kernels/linear/op.py``, ``batched_layer_norm_params`` in
+``kernels/layer_norm/op.py``) read in place. The Parameter objects stay the same objects
+(optimizers, hooks, user references hold them); only their storage moves (``Parameter.data = view``, the in-place
 storage swap ``nn.Module._apply`` also uses). Values, names, order, ``requires_grad`` and
 hooks are unchanged.
 
@@ -53,8 +53,8 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from .kernels.packed_ops import packed_slot
-from .kernels.param_ops import lies_concatenated
+from .kernels.packed_linear import packed_slot
+from .kernels.runtime.params import lies_concatenated
 
 ALIGN_BYTES = 16  # each member starts on a 16-byte boundary (what Inductor assumes of inputs)
 

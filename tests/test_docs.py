@@ -55,7 +55,6 @@ def test_library_code_cites_no_run_date_or_issue():
     assert not found, "state the invariant or the reason instead:\n" + "\n".join(found)
 
 
-@pytest.mark.xfail(strict=False, reason="kernels/ is being reorganized by family; its history comments go with it")
 def test_kernel_code_cites_no_run_date_or_issue():
     found = _history_in("kernels")
     assert not found, "state the invariant or the reason instead:\n" + "\n".join(found)

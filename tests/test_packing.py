@@ -416,7 +416,7 @@ def test_compile_packs_towers_of_different_widths_and_the_grouped_ops_read_them_
     """Towers of distinct widths: their parameters are packed concatenated, the grouped
     kernels' parameter-list ops read every list in place (no copy), and outputs, gradients
     and optimizer steps equal an unpacked eager copy."""
-    from optimus.kernels import param_ops
+    from optimus.kernels.runtime import params as param_ops
 
     torch.manual_seed(0)
     model = HeteroTowers()
@@ -555,7 +555,7 @@ def test_a_failing_pack_is_reported_and_the_compile_goes_on(monkeypatch):
 
 # ------------------------------------------------------------------ the free stack: optimus::packed_linear
 def _packed_op_stats():
-    from optimus.kernels import packed_ops
+    from optimus.kernels.packed_linear import op as packed_ops
 
     return packed_ops.STATS
 
@@ -573,7 +573,7 @@ def _slots(g: int, shape: tuple[int, ...], slot: int, requires_grad: bool = True
 
 @pytest.mark.parametrize("layout", ["packed", "padded", "separate", "reversed", "shared", "overlapping"])
 def test_packed_linear_op_equals_baddbmm_on_every_layout(layout):
-    from optimus.kernels.packed_ops import _strided_stack
+    from optimus.kernels.packed_linear.op import _strided_stack
 
     g, m, k, n = 4, 3, 5, 2
     torch.manual_seed(0)

@@ -116,7 +116,7 @@ def _lies_packed(view: GraphView, items: list[Any]) -> bool:
     """The members are parameters (graph inputs) lying packed in one storage, member ``i``
     at ``offset_0 + i * slot`` (``optimus.pack_parameters``): Dynamo's fake parameters keep
     their storage and offsets, so this is known at compile time."""
-    from ..kernels.packed_ops import packed_slot
+    from ..kernels.packed_linear import packed_slot
 
     values = []
     for item in items:
@@ -176,7 +176,7 @@ def batch_linear(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
 
     When the weights lie packed (``optimus.pack_parameters``) the stacks of weights and
     biases would be copies of what is already one buffer; then the batched matmul is
-    ``optimus::packed_linear`` (``kernels/packed_ops.py``), which reads them through a
+    ``optimus::packed_linear`` (``kernels/packed_linear/op.py``), which reads them through a
     strided view of that buffer (checked again on every call; a stack if they no longer
     lie packed) and hands back weight gradients in the parameters' own strides:
 
