@@ -740,7 +740,7 @@ def test_packed_weights_with_a_long_weight_gradient_keep_the_stacked_form():
 @pytest.mark.parametrize("mode", [None, "reduce-overhead"])
 def test_default_compile_on_the_gpu_packs_without_cuda_graphs_only(mode):
     model, ref = make().cuda(), make().cuda()
-    compiled = optimus.compile(model, mode=mode)
+    compiled = optimus.compile(model, passes="all", mode=mode)  # packing by default goes with a fixed preset
     x = inputs().cuda()
     torch.testing.assert_close(compiled(x), ref(x), rtol=1e-4, atol=1e-5)
     w = [t.linear.weight for t in model.towers]
