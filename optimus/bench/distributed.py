@@ -503,10 +503,10 @@ def agreement_ok(row: dict[str, Any]) -> bool:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    from ..core.report import format_table
+    from ..core.table import format_bytes, format_table
 
     head = ["model", "wrapper", "config", "status", "step ms", "examples/s", "kernels", "compile s",
-            "peak MiB (max rank)", "loss rel err", "ranks agree", "rewrites", "graphs"]
+            "peak memory (max rank)", "loss rel err", "ranks agree", "rewrites", "graphs"]
     cells = []
     for r in rows:
         spec = r["spec"]
@@ -517,7 +517,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             spec["model"], spec["wrapper"], spec["config"],
             "ok" if r["status"] == "ok" else f"error: {r.get('error')}"[:60],
             _fmt(r.get("step_ms"), ".3f"), _fmt(r.get("examples_per_s"), ",.0f"), _fmt(r.get("kernels"), "d"),
-            _fmt(r.get("compile_s"), ".1f"), _fmt(max(peak) / 2**20 if peak else None, ",.0f"),
+            _fmt(r.get("compile_s"), ".1f"), format_bytes(max(peak)) if peak else "",
             _fmt(r.get("loss_max_rel_err"), ".1e"), {True: "yes", False: "NO", None: ""}[r.get("ranks_agree")],
             _fmt(opt.get("rewrites") if opt else None, "d"), _fmt(n_graphs, "d"),
         ])

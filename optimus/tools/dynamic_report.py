@@ -143,7 +143,7 @@ def measure(name: str, mode: str, setting: str, passes: Any = None) -> dict[str,
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    from optimus.core.report import format_table
+    from optimus.core.table import format_table
 
     by = {(r["model"], r["mode"], r["setting"]): r for r in rows}
     out = []
