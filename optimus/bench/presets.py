@@ -1,7 +1,7 @@
 """Where a step's device time goes, preset by preset.
 
     python -m optimus.bench.presets --model towers32 --size small --mode infer [--cudagraphs]
-           [--presets inductor,vertical,horizontal,fx,all] [--json FILE]
+           [--presets inductor,vertical,horizontal,fx,all] [--json] [--json-out FILE]
 
 For one zoo model, compiles the step with plain Inductor and with Optimus under each
 preset (``fx`` = Torch-IR + Aten-IR rules, no Inductor-IR passes), optionally under CUDA
