@@ -19,14 +19,15 @@ from typing import Any
 DEPRECATED_FILE_FORM = "--json FILE is deprecated; use --json-out FILE (--json alone prints JSON to stdout)"
 
 
-def add_json_arguments(p: argparse.ArgumentParser, what: str = "the results", file_form: bool = False) -> None:
+def add_json_arguments(p: argparse.ArgumentParser, what: str = "the results", file_form: bool = False,
+                       out_help: str | None = None) -> None:
     """``--json`` and ``--json-out FILE``; ``file_form``: also accept the old ``--json FILE``."""
     if file_form:
         p.add_argument("--json", nargs="?", const=True, default=False, metavar="FILE",
                        help=f"print {what} as JSON to stdout (the old '--json FILE' still works: use --json-out FILE)")
     else:
         p.add_argument("--json", action="store_true", help=f"print {what} as JSON to stdout instead of text")
-    p.add_argument("--json-out", metavar="FILE", default=None, help=f"also write {what} as JSON to FILE")
+    p.add_argument("--json-out", metavar="FILE", default=None, help=out_help or f"also write {what} as JSON to FILE")
 
 
 def json_targets(args: argparse.Namespace) -> tuple[bool, str | None]:

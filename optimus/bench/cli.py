@@ -82,7 +82,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--isolate", action="store_true",
                    help="with --workers: no row builds, compiles or runs its first step while another is timed "
                         "(timed sections wait for the compiles in flight; slower runs, cleaner timings)")
-    add_json_arguments(p, "this run's rows", file_form=True)
+    add_json_arguments(p, "this run's rows", file_form=True,
+                       out_help="merge the rows into FILE (keyed by model/mode/config; written after every row)")
     p.add_argument("--skip-existing", action="store_true",
                    help="with --json-out: skip model/mode/config rows already measured (status ok) in FILE")
     p.add_argument("--budget-minutes", type=float, default=None,
