@@ -187,8 +187,8 @@ def separate_compile_metrics() -> Iterator[None]:
 
 def cuda_matmul_allows_tf32() -> bool:
     """Whether torch's fp32 CUDA matmuls may run in TF32 now (either API): the kernels' own
-    reader (``kernels/_common.torch_allows_tf32``), so both sides agree."""
-    from .kernels._common import torch_allows_tf32
+    reader (``kernels/runtime/backend.torch_allows_tf32``), so both sides agree."""
+    from .kernels.runtime.backend import torch_allows_tf32
 
     return torch_allows_tf32()
 

@@ -49,9 +49,9 @@ CustomGraphPass = compat.CustomGraphPass or object
 PASSES_OPTION = "optimus_passes"
 TUNE_OPTION = "optimus_tune"
 # The default is the planner: it prices each rewrite and bounds its memory, so it does not
-# spend memory for speed the way the fixed presets may ("all" peaked at 5.9x Inductor's on
-# interformer inference, run 20) and was never slower than Inductor on the zoo's medians in
-# the H200 runs 16 to 39 (docs/planner.md, "Against the targets", which also lists what it
+# spend memory for speed the way the fixed presets may ("all" peaks at 5.9x Inductor's on
+# interformer inference), and on the H200 it keeps Inductor's speed or better on all but one
+# of the zoo's medians (docs/planner.md, "Against the targets", which also lists what it
 # misses). The fixed presets stay available by name.
 DEFAULT_PASSES = "auto"
 TUNE_CANDIDATES = ("auto", "all", "vertical", "none")  # what tune=True measures per graph
@@ -59,29 +59,29 @@ TUNE_CANDIDATES = ("auto", "all", "vertical", "none")  # what tune=True measures
 # by the GEMM search); the chosen plan compiles with it.
 # Rules that emit Triton custom ops not yet run under CUDA graphs. Under mode="reduce-overhead"
 # an op's cached device tables must not stay alive in a graph's pool, which cudagraph trees refuse
-# at the first replay ("tensors in the cudagraph pool not tracked as outputs", H200 run 4 of
-# 2026-12-01). The grouped-linear and layer-norm ops allocate their tables off the routed thread
-# (kernels/_devtables.py) and ran under cudagraph trees in H200 run 26 (hetero_towers, training
-# and inference: outputs and gradients as eager's, 1.14x and 1.62x Inductor's CUDA graphs), so
+# at the first replay ("tensors in the cudagraph pool not tracked as outputs"). The
+# grouped-linear and layer-norm ops allocate their tables off the routed thread
+# (kernels/runtime/tables.py) and run under cudagraph trees on the H200 (hetero_towers, training
+# and inference: outputs and gradients as eager's, faster than Inductor's CUDA graphs), so
 # grouped_linear, grouped_mm (the same op, at Aten-IR) and batched_layer_norm stay on there.
 # The grouped embedding-bag op has not run under capture: with OPTIMUS_CUDAGRAPH_KERNELS=1 its
 # rule stays on too, to measure it.
 CUDAGRAPH_UNSAFE_RULES = ("group_embedding_lookups",)
 CUDAGRAPH_KERNELS_ENV = "OPTIMUS_CUDAGRAPH_KERNELS"
 # Rule options turned off under CUDA graphs: batch_linear's optimus::packed_linear (packed
-# weights, docs/packing.md) ran correctly under capture in H200 runs 32-33 (with
-# OPTIMUS_CUDAGRAPH_KERNELS=1) but was not faster there (towers32 1.16x -> 0.99x Inductor's
-# CUDA graphs), so packed weights are stacked as before there.
+# weights, docs/packing.md) runs correctly under capture on the H200 (with
+# OPTIMUS_CUDAGRAPH_KERNELS=1) but is not faster there (towers32 1.16x -> 0.99x Inductor's
+# CUDA graphs), so packed weights are stacked there.
 CUDAGRAPH_UNSAFE_OPTIONS = {("torch_ir", "batch_linear"): {"packed_weights": False}}
 TRIAL_OPTIONS_OFF = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise", "coordinate_descent_tuning")
 
 
 # What decides the code a compile produces: the core, the level views and drivers, the
-# rules, the integration, and the kernels the rules may emit. The tools (demo, fuzzer,
-# scale, GPU check), the benchmark harness, the model zoo, the measurement helpers and the
-# command line do not; changing them keeps every compile-cache entry valid.
+# rules, the integration, and the kernels the rules may emit (the whole kernels package:
+# their benchmarks live in optimus/bench/kernels). The tools (demo, fuzzer, scale, GPU
+# check), the benchmark harness, the model zoo, the measurement helpers and the command
+# line do not; changing them keeps every compile-cache entry valid.
 COMPILED_SOURCES: tuple[str, ...] = ("core", "torch_ir", "aten_ir", "inductor_ir", "rules", "planner", "compile.py", "compat.py", "distributed.py", "packing.py", "safety_net.py")
-KERNEL_TOOLS: tuple[str, ...] = ("bench.py", "bench_embedding.py", "bench_grouped.py", "aot_check.py")  # in kernels/, but they compile nothing
 
 
 def compiled_source_files() -> list[tuple[str, pathlib.Path]]:
@@ -94,8 +94,7 @@ def compiled_source_files() -> list[tuple[str, pathlib.Path]]:
         found += [(f.relative_to(root).as_posix(), f) for f in files]
     spec = importlib.util.find_spec("optimus.kernels")  # a top-level folder in a checkout
     for folder in (spec.submodule_search_locations or []) if spec is not None else []:
-        files = [f for f in sorted(pathlib.Path(folder).rglob("*.py")) if f.name not in KERNEL_TOOLS]
-        found += [(f"kernels/{f.relative_to(folder).as_posix()}", f) for f in files]
+        found += [(f"kernels/{f.relative_to(folder).as_posix()}", f) for f in sorted(pathlib.Path(folder).rglob("*.py"))]
     return sorted(found)
 
 
@@ -328,7 +327,7 @@ class Session:
     def _compile(self, gm: fx.GraphModule, example_inputs: list[Any], options: dict[str, Any], user: dict[str, Any], plain: dict[str, Any]) -> Callable[..., Any]:
         if not self.levels():
             return compat.compile_fx(gm, example_inputs, None, plain)
-        eager = safety_net.eager_aliasing(gm)  # before any rewrite
+        eager = safety_net.eager_outputs(gm)  # before any rewrite
         record = snapshot(gm.graph)
         before = compat.cache_hit_counts()
         ladder: Any = safety_net.GraphLadder(self._attempts(user), self.report, self.next_graph_name)
@@ -350,19 +349,22 @@ class Session:
                 raise
             restore(gm.graph, record)
             gm.recompile()
-            note = f"compiling a graph with Optimus failed ({safety_net.brief(e)}); compiled again without any Optimus pass"
-            log.warning("optimus: %s", note)
-            self.report.notes.append(note)
+            safety_net.discard(self.report, self.report.graphs[mark:], f"compiling a graph with Optimus failed ({safety_net.brief(e)}); compiled again without any Optimus pass")
             compiled = compat.compile_fx(gm, example_inputs, None, plain)
         else:
             self._note_cache_hits(before)
+        mine = self.report.graphs[mark:]  # the graphs of this compile (a backward may follow)
+        graph = ", ".join(dict.fromkeys(f"{g.level} {g.graph}" for g in mine)) or "a graph"
 
         def recompile() -> Callable[..., Any]:
             restore(gm.graph, record)
             gm.recompile()
             return compat.compile_fx(gm, example_inputs, None, plain)
 
-        return safety_net.OutputGuard(compiled, recompile, eager, self.report.notes.append, not safety_net.mutates_inputs(gm))
+        def discard(why: str) -> None:
+            safety_net.discard(self.report, mine, f"{graph}: {why}")
+
+        return safety_net.OutputGuard(compiled, recompile, eager, self.report.notes.append, not safety_net.mutates_inputs(gm), discard)
 
     def _note_cache_hits(self, before: dict[str, int]) -> None:
         after = compat.cache_hit_counts()

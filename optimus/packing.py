@@ -15,9 +15,9 @@ laid out concatenated instead, member ``i`` right after member ``i - 1`` with no
     buffer: [ w_0 | w_1 | ... | w_{G-1} ]          w_i at sum(numel(w_j) for j < i)
 
 which is ``cat([w.reshape(-1) for w in ws])``: what the grouped kernels' parameter-list ops
-(``kernels/param_ops.py``: ``grouped_linear_params``, ``batched_layer_norm_params``) read in
-place. The Parameter objects stay the same objects (optimizers, hooks, user
-references hold them); only their storage moves (``Parameter.data = view``, the in-place
+(``grouped_linear_params`` in ``kernels/linear/op.py``, ``batched_layer_norm_params`` in
+``kernels/layer_norm/op.py``) read in place. The Parameter objects stay the same objects
+(optimizers, hooks, user references hold them); only their storage moves (``Parameter.data = view``, the in-place
 storage swap ``nn.Module._apply`` also uses). Values, names, order, ``requires_grad`` and
 hooks are unchanged.
 
@@ -53,8 +53,8 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from .kernels.packed_ops import packed_slot
-from .kernels.param_ops import lies_concatenated
+from .kernels.packed_linear import packed_slot
+from .kernels.runtime.params import lies_concatenated
 
 ALIGN_BYTES = 16  # each member starts on a 16-byte boundary (what Inductor assumes of inputs)
 
@@ -335,17 +335,17 @@ def unpack_parameters(module: nn.Module) -> list[str]:
 
 
 # optimus.compile(model, passes=<a fixed preset>) packs by default where the H200 measured
-# packing to pay (run 32, docs/packing.md): "all" or another fixed preset, parameters on CUDA,
-# no CUDA graphs. Under the default passes ("auto") it does not (yet). The
+# packing to pay (docs/packing.md): "all" or another fixed preset, parameters on CUDA,
+# no CUDA graphs. Under the default passes ("auto") it does not. The
 # reasons below are what the report says where it does not pack by default.
 NOT_BY_DEFAULT_CUDAGRAPHS = (
     "not by default under CUDA graphs: measured slower there in training "
-    "(H200 run 32: hetero_towers 1.41x -> 1.13x, towers32 1.16x -> 0.99x Inductor's CUDA graphs)"
+    "(H200: hetero_towers 1.41x -> 1.13x, towers32 1.16x -> 0.99x Inductor's CUDA graphs)"
 )
 NOT_BY_DEFAULT_PLANNED = (
     "not by default with passes='auto': packed weights under the planner were measured on one "
-    "model only (H200 run 39c: hetero_towers training 1.20x Inductor at its memory; run 32, "
-    "before the planner's training estimate: m1.90); pack_parameters=True packs"
+    "model only (H200: hetero_towers training 1.20x Inductor at its peak memory); "
+    "pack_parameters=True packs"
 )
 
 

@@ -26,7 +26,9 @@ tensorify a scalar) pass through all of them untouched.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import dataclasses
 import hashlib
 import logging
 from typing import Any, Callable, Sequence
@@ -203,15 +205,23 @@ class GraphLadder:
             GRAPH_KIND.reset(token)
 
     def _fell_back(self, name: str, failed: str, then: str, e: BaseException, graphs: list[Any]) -> None:
-        changed = sorted({f"{rule} ({g.level})" for g in graphs for rule, s in g.rules.items() if s.matched})
-        why = brief(e)
-        for g in graphs:
-            g.discarded = f"compiling {name} {failed} failed ({why}); compiled again {then}"
-        note = f"{name}: compiling {failed} failed ({why}); compiled again {then}"
-        if changed:
-            note += f". Rules that had changed this graph: {', '.join(changed)}"
-        self.report.notes.append(note)
-        log.warning("optimus: %s", note)
+        discard(self.report, graphs, f"{name}: compiling {failed} failed ({brief(e)}); compiled again {then}")
+
+
+def discard(report: Any, graphs: list[Any], why: str) -> str:
+    """The safety net threw away the rewrites of ``graphs`` (their compiled program was
+    replaced by one built with fewer or no Optimus passes): mark each discarded, so the
+    report's counts describe the program that runs, and say which rules had changed them,
+    in the report's notes and the ``optimus`` log. Returns the note."""
+    changed = sorted({f"{rule} ({g.level} {g.graph})" for g in graphs if not g.discarded for rule, s in g.rules.items() if s.matched})
+    for g in graphs:
+        g.discarded = g.discarded or why
+    note = why
+    if changed:
+        note += f". Rewrites thrown away: {', '.join(changed)}"
+    report.notes.append(note)
+    log.warning("optimus: %s", note)
+    return note
 
 
 # ------------------------------------------------------------------ first call + aliasing
@@ -226,24 +236,33 @@ def _storage(t: Any) -> Any:
         return None
 
 
-def eager_aliasing(gm: fx.GraphModule) -> set[tuple[int, str, int]] | None:
-    """Which outputs of the traced graph share storage with an input or another output in
-    eager: ``(output, "input"|"output", index)``; ``None`` where the graph has no fake
-    values to tell."""
+@dataclasses.dataclass(frozen=True)
+class EagerOutputs:
+    """What eager's outputs are, read from the traced graph's fake values before any
+    rewrite: which share storage with an input or another output (``(output,
+    "input"|"output", index)``), and whether each needs a gradient (``None`` where a
+    value is not a tensor or unknown)."""
+
+    aliasing: frozenset[tuple[int, str, int]]
+    requires_grad: tuple[bool | None, ...]
+
+
+def _example(n: Any) -> Any:
+    if not isinstance(n, fx.Node):
+        return None
+    return n.meta.get("example_value", n.meta.get("val"))
+
+
+def eager_outputs(gm: fx.GraphModule) -> EagerOutputs | None:
+    """``EagerOutputs`` of the traced graph; ``None`` where it has no fake values to tell."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     out_node = next((n for n in reversed(gm.graph.nodes) if n.op == "output"), None)
     if out_node is None:
         return None
     outs = out_node.args[0]
     outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
-
-    def val(n: Any) -> Any:
-        if not isinstance(n, fx.Node):
-            return None
-        return n.meta.get("example_value", n.meta.get("val"))
-
-    in_st = [_storage(val(p)) for p in placeholders]
-    out_st = [_storage(val(o)) for o in outs]
+    in_st = [_storage(_example(p)) for p in placeholders]
+    out_st = [_storage(_example(o)) for o in outs]
     if all(s is None for s in out_st):
         return None
     pairs: set[tuple[int, str, int]] = set()
@@ -252,7 +271,19 @@ def eager_aliasing(gm: fx.GraphModule) -> set[tuple[int, str, int]] | None:
             continue
         pairs |= {(i, "input", j) for j, t in enumerate(in_st) if t is not None and t == s}
         pairs |= {(i, "output", k) for k, t in enumerate(out_st) if k != i and t is not None and t == s}
-    return pairs
+    grads = tuple(v.requires_grad if isinstance(v, torch.Tensor) else None for v in map(_example, outs))
+    return EagerOutputs(frozenset(pairs), grads)
+
+
+def grad_mismatches(outputs: Sequence[Any], eager: EagerOutputs) -> list[str]:
+    """The outputs whose ``requires_grad`` differs from eager's, described."""
+    if len(outputs) != len(eager.requires_grad):
+        return []
+    return [
+        f"output {i} {'needs' if want else 'does not need'} a gradient in eager but {'does not' if want else 'does'} here"
+        for i, (t, want) in enumerate(zip(outputs, eager.requires_grad))
+        if want is not None and isinstance(t, torch.Tensor) and t.requires_grad != want
+    ]
 
 
 def _ptr(t: Any) -> int | None:
@@ -282,20 +313,33 @@ def new_aliases(inputs: Sequence[Any], outputs: Sequence[Any], eager: set[tuple[
 
 
 class OutputGuard:
-    """The compiled callable Dynamo receives: first call guarded, aliasing kept as eager's."""
+    """The compiled callable Dynamo receives: first call guarded, outputs kept as eager's.
+
+    On the first call: if the program raises, or returns an output whose ``requires_grad``
+    differs from eager's (a rewrite changed what autograd sees), the graph is compiled
+    again without Optimus (``recompile``), ``discard`` is told why (the report marks the
+    graphs whose rewrites are thrown away), and it is called again. Outputs sharing
+    storage where eager's did not are copied on every call; a copy keeps eager's autograd
+    (a clone recorded by autograd where the output needs a gradient, a detached one where
+    it does not).
+    """
 
     def __init__(
         self,
         compiled: Callable[..., Any],
         recompile: Callable[[], Callable[..., Any]] | None,
-        eager: set[tuple[int, str, int]] | None,
+        eager: EagerOutputs | set[tuple[int, str, int]] | None,
         note: Callable[[str], None],
         may_rerun: bool,
+        discard: Callable[[str], None] | None = None,
     ) -> None:
         self.compiled = compiled
         self._recompile = recompile
+        if isinstance(eager, (set, frozenset)):
+            eager = EagerOutputs(frozenset(eager), ())
         self._eager = eager
         self._note = note
+        self._discard = discard or self._note_and_log
         self._may_rerun = may_rerun
         self._first = True
         self._copy: tuple[int, ...] = ()
@@ -317,9 +361,25 @@ class OutputGuard:
 
     def _copied(self, out: Any) -> Any:
         out = list(out)
+        grads = self._eager.requires_grad if self._eager is not None else ()
         for i in self._copy:
-            out[i] = out[i].clone()
+            want = grads[i] if i < len(grads) else None
+            if want is False:
+                out[i] = out[i].detach().clone()
+            else:
+                with torch.enable_grad() if want else contextlib.nullcontext():
+                    out[i] = out[i].clone()
         return tuple(out)
+
+    def _note_and_log(self, why: str) -> None:
+        self._note(why)
+        log.warning("optimus: %s", why)
+
+    def _rerun_without_optimus(self, why: str, args: tuple[Any, ...]) -> Any:
+        self._discard(f"{why}; compiled again without any Optimus pass")
+        assert self._recompile is not None
+        self.compiled = self._recompile()
+        return self.compiled(*args)
 
     def _first_call(self, args: tuple[Any, ...]) -> Any:
         inputs = list(args)
@@ -329,16 +389,21 @@ class OutputGuard:
             if self._recompile is None or passthrough(e) or user_error(e):
                 raise
             if not self._may_rerun:
-                self._note(f"the first call of a graph compiled with Optimus raised ({brief(e)}); not re-run without Optimus because the graph writes its inputs in place")
+                self._discard(f"the first call of a graph compiled with Optimus raised ({brief(e)}); not re-run without Optimus because the graph writes its inputs in place")
                 raise
-            self._note(f"the first call of a graph compiled with Optimus raised ({brief(e)}); compiled again without any Optimus pass")
-            log.warning("optimus: first call failed (%s); recompiled without Optimus", brief(e))
-            self.compiled = self._recompile()
-            out = self.compiled(*inputs)
+            out = self._rerun_without_optimus(f"the first call of a graph compiled with Optimus raised ({brief(e)})", tuple(inputs))
+        else:
+            wrong = grad_mismatches(out, self._eager) if self._eager is not None and isinstance(out, (list, tuple)) else []
+            if wrong:
+                why = f"the first call of a graph compiled with Optimus returned outputs whose autograd differs from eager's ({'; '.join(wrong[:3])})"
+                if self._recompile is not None and self._may_rerun:
+                    out = self._rerun_without_optimus(why, tuple(inputs))
+                else:
+                    self._discard(f"{why}; not re-run because the graph writes its inputs in place")
         self._first = False
         self._recompile = None  # drop the snapshot it holds
         if self._eager is not None and isinstance(out, (list, tuple)):
-            found = new_aliases(inputs, out, self._eager)
+            found = new_aliases(inputs, out, set(self._eager.aliasing))
             if found:
                 self._copy = tuple(sorted({i for i, _, _ in found}))
                 desc = ", ".join(f"output {i} shares storage with {what} {j}" for i, what, j in found)

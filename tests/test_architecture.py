@@ -205,3 +205,45 @@ def test_registry_sees_the_builtin_rules_from_a_fresh_interpreter():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["TorchIRView", "AtenIRView"]
+
+
+KERNEL_RUNTIME = "optimus.kernels.runtime"
+
+
+def _kernel_family(name: str) -> str | None:
+    """The family folder a module of ``optimus.kernels`` belongs to (``linear``, ...), or None."""
+    parts = name.split(".")
+    if len(parts) < 3 or parts[:2] != ["optimus", "kernels"] or parts[2] == "runtime":
+        return None
+    return parts[2] if (ROOT / "kernels" / parts[2]).is_dir() else None
+
+
+def test_a_kernel_family_imports_only_the_runtime():
+    """A family (``kernels/<family>/``) imports its own modules and the shared runtime
+    (besides torch, triton, numpy), never another family and nothing of ``optimus`` outside
+    the kernels: so a family can be copied into a new one, and read alone. The runtime imports
+    no family."""
+    graph = import_graph()
+    bad = []
+    for name, edges in graph.items():
+        family = _kernel_family(name)
+        in_runtime = name.startswith(KERNEL_RUNTIME)
+        if family is None and not in_runtime:
+            continue
+        for target in edges:
+            if target.startswith(KERNEL_RUNTIME):
+                continue
+            if family is not None and _kernel_family(target) == family:
+                continue
+            bad.append((name, target))
+    assert not bad, f"kernel family / runtime modules importing outside their family and the runtime: {sorted(bad)}"
+    families = {_kernel_family(n) for n in graph} - {None}
+    assert families >= {"linear", "layer_norm", "embedding_bag", "packed_linear"}, families
+
+
+def test_kernel_family_rule_catches_a_cross_family_import():
+    tree = ast.parse("from ..layer_norm import reference\n")
+    targets = [t for node in _import_nodes(tree) for t in _targets("optimus.kernels.linear.eager", node)]
+    assert "optimus.kernels.layer_norm.reference" in targets
+    assert _kernel_family("optimus.kernels.layer_norm.reference") == "layer_norm"
+    assert _kernel_family("optimus.kernels.runtime.plans") is None

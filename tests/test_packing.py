@@ -416,7 +416,7 @@ def test_compile_packs_towers_of_different_widths_and_the_grouped_ops_read_them_
     """Towers of distinct widths: their parameters are packed concatenated, the grouped
     kernels' parameter-list ops read every list in place (no copy), and outputs, gradients
     and optimizer steps equal an unpacked eager copy."""
-    from optimus.kernels import param_ops
+    from optimus.kernels.runtime import params as param_ops
 
     torch.manual_seed(0)
     model = HeteroTowers()
@@ -470,7 +470,7 @@ class _OnCuda(nn.Module):
 ])
 def test_pack_by_default_where_measured_to_pay(planned, cudagraphs, expected):
     """A fixed preset on CUDA without CUDA graphs packs; the planner and CUDA graphs do not,
-    and each no says why (H200 run 32)."""
+    and each no says why (docs/packing.md)."""
     pack, why = pack_by_default(_OnCuda(), planned=planned, cudagraphs=cudagraphs)
     assert pack is expected
     if cudagraphs:
@@ -555,7 +555,7 @@ def test_a_failing_pack_is_reported_and_the_compile_goes_on(monkeypatch):
 
 # ------------------------------------------------------------------ the free stack: optimus::packed_linear
 def _packed_op_stats():
-    from optimus.kernels import packed_ops
+    from optimus.kernels.packed_linear import op as packed_ops
 
     return packed_ops.STATS
 
@@ -573,7 +573,7 @@ def _slots(g: int, shape: tuple[int, ...], slot: int, requires_grad: bool = True
 
 @pytest.mark.parametrize("layout", ["packed", "padded", "separate", "reversed", "shared", "overlapping"])
 def test_packed_linear_op_equals_baddbmm_on_every_layout(layout):
-    from optimus.kernels.packed_ops import _strided_stack
+    from optimus.kernels.packed_linear.op import _strided_stack
 
     g, m, k, n = 4, 3, 5, 2
     torch.manual_seed(0)
@@ -666,7 +666,7 @@ def test_batch_linear_emits_packed_linear_only_for_packed_weights():
 
 
 def test_under_cuda_graphs_packed_weights_are_stacked_as_before():
-    """optimus::packed_linear was not faster under CUDA graphs (H200 run 32): with Inductor's
+    """optimus::packed_linear is not faster under CUDA graphs (docs/packing.md): with Inductor's
     triton.cudagraphs the session turns batch_linear's packed_weights option off."""
     from optimus.core.registry import resolve
 
@@ -757,8 +757,8 @@ def test_packed_model_on_the_gpu_with_and_without_cuda_graphs(mode):
 
     Under CUDA graphs each step starts with ``cudagraph_mark_step_begin`` and the gradients are
     compared and dropped per step: a replay reuses the graph's memory, so a gradient kept from
-    an earlier replay (as ``.grad`` accumulation would) is overwritten (H200 run 31: "accessing
-    tensor output of CUDAGraphs that has been overwritten by a subsequent run")."""
+    an earlier replay (as ``.grad`` accumulation would) is overwritten (CUDA graphs raise
+    "accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run")."""
     model, ref = make().cuda(), make().cuda()
     stats = _packed_op_stats()
     before, stacked_before = stats["weight_view"], stats["weight_stack"]

@@ -3,7 +3,7 @@
     python docs/results/compare_dynamic.py STATIC.json DYNAMIC.json OUT.json
 
 Prints one row per model/mode/config and writes the rows to OUT.json (used by
-gpu-run-dynamic.sh and gpu-run-5.sh).
+dynamic-shapes.sh).
 """
 
 from __future__ import annotations

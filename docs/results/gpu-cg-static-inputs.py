@@ -1,6 +1,6 @@
-"""Which inputs does a CUDA-graph replay copy, packed and not? (H200 run 35, sixth session)
+"""Which inputs does a CUDA-graph replay copy, packed and not? (docs/packing.md)
 
-Run 33's profile had a packed towers32 replay spend 414 us of host time in
+A profile had a packed towers32 replay spend 414 us of host time in
 ``aten::_foreach_copy_`` against 92 us unpacked: cudagraph trees copy every input it does not
 treat as static into the graph's own buffer before each replay. This compiles towers32 and
 hetero_towers (realistic, inference) with ``mode="reduce-overhead"`` packed and not, runs three steps,

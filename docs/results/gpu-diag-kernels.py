@@ -12,8 +12,7 @@ microseconds per step). One JSON file per run to ``$OUT/diag-kernels.json``.
     TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 python docs/results/gpu-diag-kernels.py \
         splitcat/train/optimus-auto towers32/train/optimus towers32/train/optimus-packed
 
-(H200 run of 2026-12-03, the third session that day: the splitcat pointwise-cat kernel
-and issue 15's kernel counts.)
+(docs/kernels.md and docs/packing.md cite what it found.)
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""H200 diagnosis (2026-12-02): splitcat inference with passes="auto" gave a wrong result in run 13
-(RMSE 0.11 against fp64; "all" was right). Which Inductor-IR rule, and which of its fusions?
+"""H200 diagnosis: a plan of splitcat inference under passes="auto" gave a wrong result
+(RMSE 0.11 against fp64; "all" was right; docs/planner.md, "Memory"). Which rule, and which of its rewrites?
 Variants in one process, each against an fp64 eager reference; then a bisection on the number of
 Inductor-IR actions while time is left. Prints a table last; JSON to $OUT/diag-splitcat.json."""
 import copy, json, os, sys, time
@@ -59,7 +59,7 @@ if STAGE == "inductor_ir":
     run("auto without fuse_independent_kernels", drop=("fuse_independent_kernels",))
     run("auto without fuse_producer_consumer", drop=("fuse_producer_consumer",))
     run("auto without inductor_ir rules", drop=("fuse_independent_kernels", "fuse_producer_consumer", "combo_small_kernels"))
-else:  # run 2 of the diagnosis: the FX rules (the Inductor-IR rules were cleared)
+else:  # DIAG_STAGE=rule,rule: leave each FX rule out in turn, the Inductor-IR rules off
     NO_IIR = ("fuse_independent_kernels", "fuse_producer_consumer", "combo_small_kernels")
     for rule in STAGE.split(","):
         run(f"auto without {rule}", drop=NO_IIR + (rule,))

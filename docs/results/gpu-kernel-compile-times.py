@@ -8,8 +8,8 @@ the four slowest kernels' sources to ``$OUT/src-<model>-<mode>-<config>.py``.
 
     TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 python docs/results/gpu-kernel-compile-times.py --model towers32 --mode train --config optimus-auto
 
-(H200 run of 2026-12-03: the towers32 and splitcat training rows, two processes at a
-time, the planner on the committed H200 profile as in docs/results/gpu-compile-time.sh.)
+(docs/inductor-ir.md cites its towers32 training row: the planner on the committed H200
+profile, as in docs/results/gpu-compile-time.sh.)
 """
 from __future__ import annotations
 

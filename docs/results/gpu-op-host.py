@@ -1,11 +1,11 @@
-"""Where the host time of one grouped-op call goes, on the GPU's host (issue 15 item 5).
+"""Where the host time of one grouped-op call goes, on the GPU's host (docs/kernels.md).
 
 At hetero_towers' shapes (G = 24 members, M = 512 rows, fp32, the column layout) it times, per
 call, each layer of one ``optimus::grouped_linear`` / ``batched_layer_norm`` forward and
 backward, from the outside in:
 
 * ``op``: the custom op as a compiled graph calls it (``torch.ops.optimus.X.default``, no grad);
-* ``impl``: the implementation the op dispatches to (``custom_ops.gl_forward`` ...), no dispatcher;
+* ``impl``: the implementation the op dispatches to (``linear.op.gl_forward`` ...), no dispatcher;
 * ``kernel_level``: the Triton module's ``forward_packed`` / ``backward_packed`` (no checks);
 * ``launch``: the launcher alone, on prebuilt tables and outputs;
 * floors of the host: an empty Triton kernel launched through the JIT, one ``torch.empty`` on the
@@ -15,7 +15,7 @@ Host time per call is the wall clock of N back-to-back calls (no synchronisation
 by N; ``wall`` adds the final synchronisation (the device's time when the device is the
 bottleneck). With ``--profile`` it also writes cProfile's top functions of 200 ``op`` calls.
 One JSON file to ``$OUT/op-host$DIAG_TAG.json``; a table last. ``OPTIMUS_KERNELS_DIRECT_LAUNCH=0``
-measures the launches through the JIT (kernels/_launch.py).
+measures the launches through the JIT (kernels/runtime/launch.py).
 
     python docs/results/gpu-op-host.py [--profile]
 """
@@ -32,9 +32,13 @@ import torch
 import triton
 import triton.language as tl
 
-import kernels  # noqa: F401  (registers the optimus:: ops)
-from kernels import custom_ops
-from kernels._routing import _glk, _lnk
+import optimus.kernels  # noqa: F401  (registers the optimus:: ops)
+from optimus.kernels.layer_norm import op as ln_op
+from optimus.kernels.linear import op as gl_op
+from optimus.kernels.linear.reference import activation_code
+from optimus.kernels.runtime.backend import lazy_module
+
+_glk, _lnk = lazy_module("optimus.kernels.linear"), lazy_module("optimus.kernels.layer_norm")
 
 N = int(os.environ.get("DIAG_CALLS", "300"))
 DEV = torch.device(os.environ.get("DIAG_DEVICE", "cuda"))  # "cpu" (with TRITON_INTERPRET=1): a smoke test
@@ -88,7 +92,7 @@ def main() -> None:
     tabs = sig.packed_tables(dev)
     yy = torch.empty_like(y)
     align = glk.alignment(sig, x.dtype, [x.data_ptr(), w.data_ptr(), yy.data_ptr(), b.data_ptr()])
-    act = custom_ops.activation_code("relu")
+    act = activation_code("relu")
     small = torch.zeros(1024, device=dev)
 
     lib = torch.library.Library("optimus_hostprobe", "DEF")
@@ -97,14 +101,14 @@ def main() -> None:
 
     cases = {
         "gl_fwd/op": lambda: gl(x, w, b, ms, ks, ns, "relu", "columns"),
-        "gl_fwd/impl": lambda: custom_ops.gl_forward(x, w, b, ms, ks, ns, "relu", "columns"),
+        "gl_fwd/impl": lambda: gl_op.gl_forward(x, w, b, ms, ks, ns, "relu", "columns"),
         "gl_fwd/kernel_level": lambda: glk.forward_packed(x, w, b, ms, ks, ns, act, "columns"),
         "gl_fwd/launch": lambda: glk.launch_forward(sig, tabs[0], x, w, b, yy, None, act, align),
         "gl_bwd/op": lambda: glb(dy, x, w, y, ms, ks, ns, "relu", True, True, True, True, "columns"),
-        "gl_bwd/impl": lambda: custom_ops.gl_backward(dy, x, w, y, ms, ks, ns, "relu", True, True, True, True, "columns"),
+        "gl_bwd/impl": lambda: gl_op.gl_backward(dy, x, w, y, ms, ks, ns, "relu", True, True, True, True, "columns"),
         "gl_bwd/kernel_level": lambda: glk.backward_packed(dy, x, w, y, ms, ks, ns, act, True, True, True, True, "columns"),
         "ln_fwd/op": lambda: ln(y, lw, lb, ms, ns, 1e-5, "columns"),
-        "ln_fwd/impl": lambda: custom_ops.ln_forward(y, lw, lb, ms, ns, 1e-5, "columns"),
+        "ln_fwd/impl": lambda: ln_op.ln_forward(y, lw, lb, ms, ns, 1e-5, "columns"),
         "ln_fwd/kernel_level": lambda: lnk.forward_packed(y, lw, lb, ms, ns, 1e-5, "columns"),
         "ln_bwd/op": lambda: lnb(dy, y, lw, stats, ms, ns, True, True, True, True, "columns"),
         "ln_bwd/kernel_level": lambda: lnk.backward_packed(dy, y, lw, stats, ms, ns, True, True, True, True, "columns"),

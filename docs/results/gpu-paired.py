@@ -1,8 +1,8 @@
 """Paired timing on the GPU: Inductor and Optimus configurations of one model, compiled in one
 process and timed in alternation, so the ratio of each round cancels what drifts between rounds.
 
-Why: runs 6-13 (docs/benchmarks.md) timed each configuration in its own process; identical
-graphs then differed by up to 60% and one row's repeats by up to 41%. Here every round times
+Why: timed each in its own worker process, identical graphs differed by up to 60% and one
+row's repeated medians by up to 41% (launch-bound steps move with the host). Here every round times
 each configuration once (``iters`` steps, the median), in a rotated order, and the figure is
 the median over rounds of the per-round ratio, with its range.
 

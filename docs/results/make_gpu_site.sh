@@ -9,7 +9,7 @@
 #
 # Then on the GPU machine: PYTHONPATH=$PWD/.gpu_site (see docs/results/gpu-run-external.sh).
 set -euo pipefail
-PY=${1:-/work/venv211/bin/python}  # NOTE: the H200 runs CPython 3.12; see docs/benchmarks.md for the 3.12 build
+PY=${1:-/work/venv211/bin/python}  # NOTE: the H200 runs CPython 3.12; docs/models.md ("External models") gives the 3.12 build
 rm -rf .gpu_site
 PIP_CONFIG_FILE=/dev/null "$PY" -m pip install -q --target .gpu_site "transformers==5.24.0"
 cd .gpu_site

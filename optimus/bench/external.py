@@ -266,7 +266,7 @@ TORCHREC_NO_DEPS = "pip install --no-deps torchrec==1.8.0 fbgemm-gpu-cpu==1.8.0"
 
 def install_hint(extra: str) -> str:
     first = f"{TORCHREC_NO_DEPS} (versions matching torch 2.13), then " if extra == "torchrec" else ""
-    return f'{first}pip install -e ".[{extra}]" (see docs/benchmarks.md, "External models")'
+    return f'{first}pip install -e ".[{extra}]" (see docs/models.md, "External models")'
 
 
 @functools.lru_cache(maxsize=None)

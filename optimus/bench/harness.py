@@ -429,6 +429,9 @@ def _optimus_summary(fn: Any) -> dict[str, Any]:
         return {
             "optimus_rules": {name: st.matched for name, st in totals.items() if st.matched},
             "optimus_errors": [str(e)[:200] for e in report.errors()[:5]],
+            # graphs the safety net compiled again without (some of) Optimus: their
+            # rewrites are not in optimus_rules; why, per graph
+            "optimus_fallbacks": sorted({f"{g.level} {g.graph}: {g.discarded}"[:300] for g in report.graphs if g.discarded}),
         }
     except Exception as e:  # the report is informative only
         return {"optimus_rules": None, "optimus_errors": [f"report unavailable: {_describe(e)}"]}

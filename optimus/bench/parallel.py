@@ -44,8 +44,8 @@ from typing import Any, Callable, Iterator, Sequence
 # --- scheduling -----------------------------------------------------------------------
 
 # Cold Inductor compile (first step minus one step) of each realistic training graph on
-# the H200, torch 2.11: docs/results/h200-train-2026-11-30.json. dlrm, wukong and hstu
-# were not in that run; their figures are guesses from their graph sizes. Only the
+# the H200, torch 2.11 (docs/benchmarks.md, the upstream table's JSON). dlrm, wukong and
+# hstu were not measured; their figures are guesses from their graph sizes. Only the
 # order these give matters (and, scaled by what the run has measured, --budget-minutes).
 H200_INDUCTOR_TRAIN_COMPILE_S = {
     "splitcat": 99.0,
@@ -130,8 +130,8 @@ class FileLock:
 
 class Quiet:
     """``--isolate``: rows are timed while no other row builds, compiles or runs its first
-    step (that work shares the GPU and the CPU with the timed steps: in H200 run 9 identical
-    graphs timed 9.4 and 14.5 ms). Busy sections hold ``busy.lock`` shared; a timed section
+    step (that work shares the GPU and the CPU with the timed steps: with 7 workers on the
+    H200 identical graphs timed 9.4 and 14.5 ms). Busy sections hold ``busy.lock`` shared; a timed section
     takes ``turnstile.lock`` (no busy section starts from then on), then ``busy.lock``
     exclusively (the busy sections in flight have ended). A busy section passes the
     turnstile before taking its shared lock and never holds both, so the two cannot wait on

@@ -117,6 +117,9 @@ def _run_notes(data: dict[str, Any]) -> list[str]:
         notes.append("Steps timed with TF32 matmuls (`--tf32`) where the row says so; accuracy judged with TF32 off.")
     if any(r.get("dynamic") for r in rows):
         notes.append("Compiled with `dynamic=True`.")
+    for key, r in data["rows"].items():
+        for fallback in r.get("optimus_fallbacks") or ():
+            notes.append(f"**{key}**: the safety net compiled a graph again with fewer Optimus passes, so the row times that program: {fallback}")
     return notes
 
 

@@ -54,8 +54,10 @@ class Driver:
         max_rewrites: int | None = None,
         lint_each: bool = False,
         planner: GroupPlanner | None = None,
+        reverse: bool = False,
     ) -> None:
         self.view = view
+        self.reverse = reverse  # visit the graph last node first (the fixpoint must not depend on it)
         self.graph = view.graph
         self.report = report
         self.by_anchor: dict[str, list[tuple[Rule, dict[str, Any]]]] = collections.defaultdict(list)
@@ -83,7 +85,7 @@ class Driver:
         """Local rules to a fixpoint; then group (horizontal) rules over the whole graph,
         each round followed by local rules again, which remove the glue they add."""
         self._remove_dead_code_upfront()
-        self._enqueue(self.graph.nodes)
+        self._enqueue(reversed(list(self.graph.nodes)) if self.reverse else self.graph.nodes)
         self._fixpoint()
         for _round in range(8):
             if not self.group_rules or self.rewrites >= self.max_rewrites:
@@ -296,7 +298,8 @@ class Driver:
         checked: Checked,
     ) -> None:
         new_set = set(builder.new_nodes)
-        erased = self.surgery.commit(pairs, builder, checked)
+        producers: set[fx.Node] = set()  # inputs of erased nodes, read before FX clears them
+        erased = self.surgery.commit(pairs, builder, checked, producers)
         erased_new = sum(1 for n in erased if n in new_set)
         stats.matched += 1
         stats.added += len(builder.new_nodes) - erased_new
@@ -306,17 +309,24 @@ class Driver:
         self.applied.append(rule.name)
         if self.lint_each:
             self.graph.lint()
-        touched: list[fx.Node] = [anchor]  # a surviving anchor may match again (dropped if erased)
+        # Re-queue the neighbourhood of the change: a surviving anchor; every node the
+        # rewrite built; each replacement, old or new, with its users (they now read it:
+        # a pattern through them may have formed) and its inputs; and the surviving
+        # producers of what was erased, with their users (they lost a user).
+        touched: list[fx.Node] = [anchor]
         for node in builder.new_nodes:
             if not node._erased:
                 touched.append(node)
                 touched.extend(node.users)
         for _, new in pairs:
-            touched.extend(new.all_input_nodes)
-        survivors = {inp for n in erased for inp in n.all_input_nodes if not inp._erased}
-        for node in survivors:
-            touched.append(node)
-            touched.extend(node.users)
+            if not new._erased:
+                touched.append(new)
+                touched.extend(new.users)
+                touched.extend(new.all_input_nodes)
+        for node in producers:
+            if not node._erased:
+                touched.append(node)
+                touched.extend(node.users)
         self._enqueue(touched)
 
     def _remove_dead_code_upfront(self) -> None:

@@ -42,6 +42,7 @@ from typing import Any, Callable, ClassVar, Hashable, Mapping, Protocol
 import torch.fx as fx
 
 from . import collectives
+from .regions import describe as regions_describe
 from .rule import Match, Rule, rule_decorator
 from .symbolic import size_hint
 from .view import GraphView
@@ -200,6 +201,7 @@ def find_groups(
 ) -> list[Group]:
     """Candidate groups for ``rule`` over the whole graph (see module docstring)."""
     segment = collectives.segments(view.graph)  # groups never span a collective
+    regions = view.regions()  # nor a grad-mode / autocast boundary (core/regions.py)
     keyed: dict[Any, list[Call]] = {}
     for call in calls if calls is not None else classify_all(view):
         node = call.node
@@ -212,7 +214,9 @@ def find_groups(
         if reason:
             decline(node, reason)
             continue
-        keyed.setdefault((key, 0), []).append(call)
+        keyed.setdefault((key, regions.state_at(node)), []).append(call)
+    if regions:
+        _decline_split_by_region(keyed, decline)
     if segment is not None:  # one bucket per (key, side of every collective)
         keyed = collectives.split_buckets(keyed, segment, decline)
     buckets = {k: cs for k, cs in keyed.items() if len(cs) > 1}  # a lone candidate has nothing to merge with
@@ -262,6 +266,19 @@ def find_groups(
             close(g[0], key)
     formed.sort(key=lambda f: f[0])
     return [Group(rule, members, key, view, options) for _, members, key in formed]
+
+
+def _decline_split_by_region(keyed: dict[Any, list[Call]], decline: Callable[[fx.Node, str], None]) -> None:
+    """Candidates of one key in several regions group only within theirs: say so."""
+    states: dict[Any, list[Any]] = {}
+    for key, state in keyed:
+        states.setdefault(key, []).append(state)
+    for key, seen in states.items():
+        if len(seen) < 2:
+            continue
+        for state in seen:
+            for c in keyed[(key, state)]:
+                decline(c.node, f"identical ops in {len(seen)} grad-mode/autocast regions: grouped only with the ones in their own ({regions_describe(state)})")
 
 
 def depend_on_each_other(nodes: list[fx.Node]) -> bool:

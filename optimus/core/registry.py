@@ -56,6 +56,7 @@ PRESETS: dict[str, tuple[str, ...]] = {
     "auto": KINDS,  # every rule, sized and gated per compile by the planner (optimus.planner)
 }
 AUTO = "auto"
+DEFAULT = AUTO  # what optimus.compile, the registered backend and the CLI run when passes is not given
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,15 +170,16 @@ class PassConfig:
         return h.hexdigest()[:24]
 
 
-def resolve(passes: Any = "all") -> PassConfig:
-    """Turn a user's ``passes`` value into a ``PassConfig`` (see module docstring)."""
+def resolve(passes: Any = DEFAULT) -> PassConfig:
+    """Turn a user's ``passes`` value into a ``PassConfig`` (see module docstring);
+    ``None`` is the default, ``"auto"``."""
     if isinstance(passes, PassConfig):
         return passes
     base, excluded, spec = _split_exclusions(passes)
     if excluded:
         return _resolve_excluding(base, excluded, spec)
-    if passes is None:
-        passes = "all"
+    if passes is None:  # as for torch.compile's own arguments: None is the default
+        passes = DEFAULT
     passes, notes = upstream_names.translate(passes, REGISTRY)
     selected: dict[str, list[str]] = {lv: [] for lv in LEVELS}
     options: dict[tuple[str, str], dict[str, Any]] = {}
@@ -271,9 +273,10 @@ def _check_options(rule: Rule, given: dict[str, Any]) -> None:
         valid = sorted(settable) or "none"
         raise ValueError(f"rule {rule.name!r} has no option(s) {unknown}; valid options: {valid}")
     for k, v in given.items():
-        default = settable[k]
-        if default is not None and not isinstance(v, type(default)) and not (isinstance(default, float) and isinstance(v, int)):
-            raise TypeError(f"rule {rule.name!r} option {k!r} must be {type(default).__name__}, got {type(v).__name__}")
+        rule.check_setting(k, v)  # type and range, with a message naming rule and option
+    merged = {**settable, **given}
+    if "min_group" in merged and "max_group" in merged and merged["max_group"] < merged["min_group"]:
+        raise ValueError(f"rule {rule.name!r}: max_group ({merged['max_group']}) is below min_group ({merged['min_group']})")
 
 
 def _unknown(what: str, name: Any, valid: list[str], also: tuple[str, ...] = ()) -> str:

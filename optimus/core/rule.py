@@ -275,6 +275,21 @@ def unmet(cond: Callable[[Any], Any], match: Any) -> str | None:
     return None if result else condition_reason(cond)
 
 
+def setting_range(name: str) -> tuple[Any, Any]:
+    """The allowed range of a numeric rule setting, by the naming convention every rule
+    follows: a group or run size (``min_group``, ``max_group``, ``min_run``,
+    ``min_chunks``) is at least 2; a byte budget (``*_bytes``) or a memory allowance
+    (``memory_increase``) at least 0; any other limit or count (``max_*``, ``min_*``) at
+    least 1. A rule declares ``ranges=`` where this does not fit."""
+    if name in ("min_group", "max_group", "min_run", "min_chunks"):
+        return 2, None
+    if name.endswith("_bytes") or name == "memory_increase":
+        return 0, None
+    if name.startswith(("max_", "min_")):
+        return 1, None
+    return None, None
+
+
 @dataclasses.dataclass(kw_only=True)
 class Rule:
     """The protocol every rule follows, whatever its level (see the module docstring).
@@ -294,6 +309,10 @@ class Rule:
     conditions: tuple[Condition, ...] = ()
     doc: str = ""
     default: bool = True  # part of presets and level selections (else only when named)
+
+    #: Allowed ranges of this rule's numeric settings, ``{name: (lowest, highest)}``
+    #: (``None``: unbounded), where the naming convention (``setting_range``) does not fit.
+    ranges: dict[str, tuple[Any, Any]] = dataclasses.field(default_factory=dict)
 
     #: The per-rule settings the level's driver reads for this kind of rule, with defaults.
     KNOBS: ClassVar[Mapping[str, Any]] = {}
@@ -326,6 +345,8 @@ class Rule:
         if clash:
             raise ValueError(f"rule {self.name!r}: {clash} are knobs of its driver; pass them as knobs=")
         self.knobs = {**knobs, **given}
+        for name, value in self.option_defaults().items():
+            self.check_setting(name, value)  # a rule's own defaults obey its ranges
 
     # ``anchors``: defined by each kind of rule (a property of the pattern, or a field).
 
@@ -336,6 +357,33 @@ class Rule:
     def option_defaults(self) -> dict[str, Any]:
         """Every setting a user may give this rule (its options and its knobs), with defaults."""
         return {**self.knobs, **self.options}
+
+    def check_setting(self, name: str, value: Any) -> None:
+        """Raise (``TypeError`` / ``ValueError`` naming the rule, the setting and what it
+        accepts) unless ``value`` fits the setting ``name`` (an option or a knob)."""
+        settable = self.option_defaults()
+        if name not in settable:
+            raise ValueError(f"rule {self.name!r} has no option {name!r}; valid options: {sorted(settable) or 'none'}")
+        default = settable[name]
+        where = f"rule {self.name!r} option {name!r}"
+        if isinstance(default, bool) or isinstance(value, bool):
+            if not isinstance(value, bool) or not isinstance(default, bool):
+                raise TypeError(f"{where} must be {type(default).__name__ if default is not None else 'a number or None'}, got {value!r}")
+            return
+        if default is None and value is None:
+            return
+        numeric = isinstance(default, (int, float)) or default is None
+        if numeric:
+            if not isinstance(value, (int, float)) or (isinstance(default, int) and not isinstance(value, int)):
+                kind = "an int" if isinstance(default, int) else "a number"
+                raise TypeError(f"{where} must be {kind}{' or None' if default is None else ''}, got {type(value).__name__} {value!r}")
+            lo, hi = self.ranges.get(name) or setting_range(name)
+            if (lo is not None and value < lo) or (hi is not None and value > hi):
+                allowed = f">= {lo}" if hi is None else (f"<= {hi}" if lo is None else f"in [{lo}, {hi}]")
+                raise ValueError(f"{where} must be {allowed}, got {value!r}")
+            return
+        if not isinstance(value, type(default)):
+            raise TypeError(f"{where} must be {type(default).__name__}, got {type(value).__name__} {value!r}")
 
     def decline_reason(self, match: Any) -> str | None:
         """The reason of the first unmet condition (``None`` if all are met)."""

@@ -25,6 +25,8 @@ from typing import Any, Iterable
 import torch
 import torch.fx as fx
 
+from .collectives import is_barrier
+from .regions import is_marker
 from .rule import Builder, Decline
 from .safety import MAY_ALIAS_OPS, AliasAnalysis, layout_difference, reads_layout, viewable
 from .symbolic import known_eq, known_sizes_eq
@@ -84,6 +86,7 @@ class Surgery:
             _check_same_value(self.view, old, new)
         problem = self.mutation_problem(pairs, builder) or self.alias.outputs_problem(pairs, disjoint_chunks_ok=group)
         problem = problem or self.alias.barrier_problem(pairs, builder.new_nodes)  # collectives: core/collectives.py
+        problem = problem or self.view.regions().problem(pairs, builder.new_nodes)  # grad mode, autocast: core/regions.py
         if problem:
             raise Decline(problem)
         relaid = self.layout_changes(pairs, new_set)
@@ -204,8 +207,10 @@ class Surgery:
             if not node._erased and not node.users:
                 self.graph.erase_node(node)
 
-    def dead_code(self, candidates: Iterable[fx.Node]) -> list[fx.Node]:
-        """Erase the candidates that have no users and no side effects, and what only they used."""
+    def dead_code(self, candidates: Iterable[fx.Node], producers: set[fx.Node] | None = None) -> list[fx.Node]:
+        """Erase the candidates that have no users and no side effects, and what only they
+        used. ``producers`` (if given) receives the inputs of every erased node, read
+        before FX clears them: the survivors among them lost a user."""
         erased: list[fx.Node] = []
         stack = list(candidates)
         while stack:
@@ -216,23 +221,27 @@ class Surgery:
             self.graph.erase_node(node)
             erased.append(node)
             stack.extend(inputs)
+            if producers is not None:
+                producers.update(inputs)
         return erased
 
-    def commit(self, pairs: list[tuple[fx.Node, fx.Node]], builder: Builder, checked: Checked) -> list[fx.Node]:
+    def commit(self, pairs: list[tuple[fx.Node, fx.Node]], builder: Builder, checked: Checked, producers: set[fx.Node] | None = None) -> list[fx.Node]:
         """Redirect the uses of each ``old`` to its ``new``, move the users that would now come
         before their inputs, store re-evaluated metadata, update the alias classes and
-        remove what became dead. Returns the erased nodes. ``Decline`` (with every use
-        redirected back) when the replacement depends on a user of what it replaces."""
+        remove what became dead. Returns the erased nodes; ``producers`` receives their
+        inputs (see ``dead_code``). ``Decline`` (with every use redirected back) when the
+        replacement depends on a user of what it replaces."""
         early, relaid = checked
         new_set = set(builder.new_nodes)
         changed: list[tuple[fx.Node, fx.Node, list[fx.Node]]] = []
         for old, new in pairs:
             changed.append((old, new, old.replace_all_uses_with(new, delete_user_cb=lambda u: u not in new_set)))
-        if early is not None and not _reorder_span(early, max(builder.new_nodes, key=lambda n: n._sort_key)):
-            for old, new, users in changed:  # the replacement depends on a user it replaces
+        refused = None if early is None else _reorder_span(early, max(builder.new_nodes, key=lambda n: n._sort_key))
+        if refused is not None:
+            for old, new, users in changed:
                 for u in users:
                     u.replace_input_with(new, old)
-            raise Decline("the replacement depends on a user of what it replaces (a cycle)")
+            raise Decline(refused)
         for node, value in relaid.items():
             _set_meta(self.view, node, value)
         for node in builder.new_nodes:
@@ -240,7 +249,7 @@ class Surgery:
         for _, _, users in changed:
             self.alias.rewire(users)
         self.alias.rewire(relaid)
-        return self.dead_code([old for old, _ in pairs] + builder.new_nodes)
+        return self.dead_code([old for old, _ in pairs] + builder.new_nodes, producers)
 
 
 def _shares_storage_with(value: Any, others: list[Any]) -> bool:
@@ -291,11 +300,13 @@ def _check_same_value(view: GraphView, old: fx.Node, new: fx.Node) -> None:
         raise RuntimeError(f"value changed: {old.name} -> {new.name}")
 
 
-def _reorder_span(first: fx.Node, last: fx.Node) -> bool:
+def _reorder_span(first: fx.Node, last: fx.Node) -> str | None:
     """Stably reorder the nodes from ``first`` to ``last`` so inputs precede users.
 
     Used when a rewrite places new nodes after some users of what they replace (their
-    inputs are defined late). Only that span moves. False (nothing moved) on a cycle.
+    inputs are defined late). Only that span moves. Returns why nothing moved: a cycle,
+    or a grad-mode / autocast marker or a collective inside the span, which no node may
+    cross (``core/regions.py``, ``core/collectives.py``); ``None`` once reordered.
 
     torch has stable topological sorts, but none serves here: ``torch.fx.passes.
     tools_common.stable_topological_sort`` copies every node into a new ``Graph`` (callers
@@ -309,12 +320,14 @@ def _reorder_span(first: fx.Node, last: fx.Node) -> bool:
     span: list[fx.Node] = []
     node = first
     while True:
+        if node is not first and node is not last and (is_marker(node) or is_barrier(node)):
+            return f"the replacement would move nodes across {node.name} (a grad-mode/autocast boundary or a collective)"
         span.append(node)
         if node is last:
             break
         node = node.next
         if node.op == "root":
-            return False
+            return "the replacement depends on a user of what it replaces (a cycle)"
     members = set(span)
     index = {n: i for i, n in enumerate(span)}
     pending = {n: sum(1 for i in n.all_input_nodes if i in members) for n in span}
@@ -330,9 +343,9 @@ def _reorder_span(first: fx.Node, last: fx.Node) -> bool:
                 if pending[user] == 0:
                     heapq.heappush(ready, (index[user], user))
     if len(order) != len(span):
-        return False
+        return "the replacement depends on a user of what it replaces (a cycle)"
     cursor = first.prev
     for n in order:
         cursor.append(n)
         cursor = n
-    return True
+    return None

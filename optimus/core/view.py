@@ -22,6 +22,7 @@ import torch
 import torch.fx as fx
 
 from .collectives import is_barrier
+from .regions import Regions, is_marker
 from .vocab import SCHEMAS, Call
 
 REQUIRED = object()  # marker: parameter without a default
@@ -111,6 +112,14 @@ class GraphView:
         # node -> (args tuple, kwargs dict, Call): valid while the node's arguments are the
         # same objects (FX replaces the tuple whenever an input is rewired).
         self._calls: dict[fx.Node, tuple[Any, Any, Call | None]] = {}
+        self._regions: Regions | None = None
+
+    def regions(self) -> Regions:
+        """The grad-mode / inference-mode / autocast regions of the graph
+        (``core.regions``; read once: rewrites never add, move or remove a marker)."""
+        if self._regions is None:
+            self._regions = Regions(self.graph)
+        return self._regions
 
     # ------------------------------------------------------------------ metadata
     def val(self, node: Any) -> Any:
@@ -313,9 +322,14 @@ class GraphView:
         mode = self.fake_mode()
         return mode.from_tensor(t, static_shapes=True) if mode is not None else t
 
-    def _run_context(self) -> contextlib.AbstractContextManager[Any]:
+    def _run_context(self, node: fx.Node | None = None) -> contextlib.AbstractContextManager[Any]:
+        """Fake mode, no guards, no grad; and the autocast contexts ``node`` runs under
+        (its region's), so an op's result dtype is the one the program will produce."""
         mode = self.fake_mode()
         stack = contextlib.ExitStack()
+        if node is not None:
+            for entry in self.regions().autocast_entries(node):
+                stack.enter_context(_autocast_from(entry, node))
         if mode is not None:
             stack.enter_context(mode)
             if getattr(mode, "shape_env", None) is not None:
@@ -357,7 +371,7 @@ class GraphView:
                 return src[node.args[1]]
         args = fx.node.map_aggregate(node.args, value_of)
         kwargs = fx.node.map_aggregate(node.kwargs, value_of)
-        with self._run_context():
+        with self._run_context(node):
             if node.op == "call_method":
                 self_arg, *rest = args
                 return getattr(self_arg, node.target)(*rest, **kwargs)
@@ -411,12 +425,28 @@ class GraphView:
             return node.op != "get_attr"
         if is_barrier(node):  # a collective: other ranks wait for it (core/collectives.py)
             return True
+        if is_marker(node):  # sets grad mode / autocast for what follows (core/regions.py)
+            return True
         if self.mutated_inputs(node):
             return True
         try:
             return bool(node.is_impure())
         except Exception:  # pragma: no cover - defensive across torch versions
             return True
+
+
+def _autocast_from(entry: tuple[str, ...], node: fx.Node) -> contextlib.AbstractContextManager[Any]:
+    """``torch.autocast`` as a marker recorded it (its arguments as strings: device type,
+    dtype, enabled, cache)."""
+    device = entry[0] if entry else "cpu"
+    dtype = getattr(torch, entry[1].replace("torch.", ""), None) if len(entry) > 1 and entry[1] != "None" else None
+    enabled = entry[2] != "False" if len(entry) > 2 else True
+    if not isinstance(dtype, torch.dtype):
+        dtype = None
+    try:
+        return torch.autocast(device, dtype=dtype, enabled=enabled)
+    except Exception as e:  # a device type this torch has no autocast for
+        raise ValueError(f"cannot evaluate {node.name} under autocast{entry}: {e}") from None
 
 
 def _constant_or_symbol(size: Any) -> Any:

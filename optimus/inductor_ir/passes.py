@@ -180,8 +180,8 @@ class ScheduleMemory:
     A merged kernel runs where its first member ran, so the others' outputs are allocated
     earlier and what they read must be ready earlier. Inductor reorders the final list for
     peak memory after the post-fusion hook (``reorder_for_peak_memory``), so the rules start
-    from the list *in that order* (H200 run 15: in the order before it, all 32 towers'
-    matmul outputs of towers32 were live together and every merge looked free). A merge is
+    from the list *in that order* (in the order before it, all 32 towers' matmul outputs of
+    towers32 are live together and every merge looks free). A merge is
     simulated on the current order without performing it: every member runs where the first
     one ran, and what the others depend on that ran later runs before them (in its own
     order), priced by Inductor's own estimate
@@ -197,7 +197,7 @@ class ScheduleMemory:
       wait for the merged kernel). The second is there because the estimate misses it
       where the members write slices of one concatenated buffer: Inductor allocates that
       buffer whole before the first member, the estimate grows it slice by slice, so each
-      tower's input looks freed as its slice appears. H200 run 16, towers32 inference: the
+      tower's input looks freed as its slice appears. On towers32 inference (H200) the
       estimate put the peak at 8.00 MiB with and without merges (it also counts the graph's
       4 MiB input) whose measured peaks were 5.0 and 8.0 MiB against Inductor's 4.1 MiB.
       Summing the rises is conservative (rises at different places need not add up),
@@ -304,10 +304,10 @@ def merged_order(order: list[Any], members: list[Any], reaches: Callable[[Any, A
     """``(order as it runs once members are one kernel at the first member's place, the
     nodes moved ahead of it)``: the nodes after that place which the other members depend
     on move ahead of it (in their own order; what they depend on is among them,
-    dependencies being transitive), the members follow together, then the rest. (H200 run
-    16: re-sorting the moved list with Inductor's ``topological_sort_schedule`` put each
-    member's producer right before it again, so the simulated order was the original one
-    and no merge ever cost memory.)"""
+    dependencies being transitive), the members follow together, then the rest. (Not
+    re-sorted with Inductor's ``topological_sort_schedule``: that puts each member's
+    producer right before it again, so the simulated order would be the original one and no
+    merge would ever cost memory.)"""
     position = {id(n): i for i, n in enumerate(order)}
     ranked = sorted(members, key=lambda n: position[id(n)])
     start, others = position[id(ranked[0])], ranked[1:]

@@ -13,8 +13,8 @@ feature groups side by side; it is split into ``T`` features of distinct widths
 No two towers have the same shapes, so the stack-and-bmm horizontal rules (which need
 identical members) find nothing to merge: only heterogeneous grouping (one grouped-linear
 kernel, one batched-layer-norm kernel for all ``T`` towers) reduces the ``T`` launches per
-layer kind. It is the model of issue 15's first target (towers of different widths:
-training kernels per step and step time against Inductor).
+layer kind: the zoo's measure of the grouped kernels (training kernels per step and step
+time against Inductor, docs/kernels.md).
 """
 
 from __future__ import annotations

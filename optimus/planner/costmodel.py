@@ -64,7 +64,7 @@ class DeviceProfile:
 
 
 # Documented defaults, used when no probe ran. GPU: the probe's own figures on an H200
-# (torch 2.11, 2026-12-01, docs/results/h200-profile-2026-12-01.json), rounded: 10 us per
+# (torch 2.11; docs/planner.md, "The cost model", names the profile), rounded: 10 us per
 # eager launch from Python, 0.9 us kernel floor under CUDA graphs, 3.9 TB/s copy,
 # matmul TFLOP/s small (512x256 @ 256x256) / large (4096^3): fp32 8.7 / 49, TF32 12 / 375,
 # bf16 22 / 678. CPU: a few-core x86 server running Inductor's C++ loops.
@@ -206,12 +206,12 @@ def kernel_us(p: DeviceProfile, bytes_moved: float, flops: float = 0.0, dtype: s
 # A single matmul (not batched) whose reduction is this long or longer is assumed split
 # along it (split-K) when its output tiles leave the device partly idle: ``k // SPLIT_K_DEPTH``
 # parallel pieces per tile. Batched matmuls get no such split: cuBLAS's batched kernels
-# reduce each product in one block (H200 run 5: a batched weight gradient over many tokens
-# ran 35.7 ms in a 32x32-tile kernel, docs/benchmarks.md). Without this and the full-wave
-# rule of ``matmul_rate``, HF BERT-base's weight gradients over 4096 tokens were priced at
-# 77% of the large rate alone and 88% (768 x 768, eight at a time) to 95% (768 x 3072, four)
-# batched, so the planner batched them (2026-12-06, CPU proxy priced for the H200: four
-# groups, e.g. 1988 -> 1744 us estimated for four FFN weight gradients).
+# reduce each product in one block (on the H200 a batched weight gradient over 262144 tokens
+# ran 35.7 ms in a 32x32-tile kernel; docs/planner.md). Without this and the full-wave rule
+# of ``matmul_rate``, HF BERT-base's weight gradients over 4096 tokens would be priced at 77%
+# of the large rate alone and 88% (768 x 768, eight at a time) to 95% (768 x 3072, four)
+# batched, so the planner would batch them (CPU proxy priced for the H200: four groups, e.g.
+# 1988 -> 1744 us estimated for four FFN weight gradients, and a higher peak).
 SPLIT_K_DEPTH = 1024
 
 
@@ -261,8 +261,8 @@ _CAPTURE_STREAMS: dict[int, Any] = {}
 def _capture_stream() -> Any:
     """One side stream per device for every probe capture (warm-up and capture both run
     on it). cuBLAS keeps workspaces per stream it ran on for the life of the process, so
-    a fresh stream per probe matmul left 128 MiB allocated (H200 run 8: in every later row
-    of the benchmark worker that probed); with one stream, 64 MiB (run 9)."""
+    a fresh stream per probe matmul would leave 128 MiB allocated on an H200 (in every later
+    row of a benchmark worker that probed); with one stream, 64 MiB."""
     dev = torch.cuda.current_device()
     if dev not in _CAPTURE_STREAMS:
         _CAPTURE_STREAMS[dev] = torch.cuda.Stream()

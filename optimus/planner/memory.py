@@ -12,7 +12,7 @@ fused nodes and keeps the lowest estimated peak (``reorder_for_peak_memory``). A
 storage stays allocated until a later allocation of its size takes it over, as Inductor's
 buffer reuse hands it on (``_hold_for_reuse``).
 
-**What Inductor never materializes takes no memory** (H200 runs 6-10: counting every
+**What Inductor never materializes takes no memory** (on the H200, counting every
 elementwise temporary made the graphs' peaks look 3x what Inductor allocates, so a batched
 op's one extra buffer looked small against a peak that never happens). A storage is
 *transient* when its producer is elementwise or a layer norm (its output is the last

@@ -53,16 +53,16 @@ from .memory import Liveness, MemoryBudget
 # Inductor-IR rules whose only gain is fewer launches: nothing under CUDA graphs.
 LAUNCH_ONLY_RULES = ("combo_small_kernels",)
 # Inductor-IR rules that merge independent kernels: the merged kernel runs where the first
-# did, so the second's outputs (and what it needs) are live earlier. H200 run 14: on towers32
-# inference these fusions alone took peak memory to 1.94x Inductor's. The planner bounds them
+# did, so the second's outputs (and what it needs) are live earlier: unbounded, on towers32
+# inference these fusions alone took the H200's peak memory to 1.94x Inductor's. The planner bounds them
 # by Inductor's own estimate of the schedule's peak (their ``memory_increase`` option).
 MEMORY_BOUNDED_KERNEL_RULES = ("fuse_independent_kernels", "combo_small_kernels")
 MEMORY_INCREASE = 0.02  # groups may raise a graph's estimated peak by at most 2% ...
 MEMORY_SLACK = 256 * 2**10  # ... or 256 KiB, whichever is more (a tiny graph's 2% is nothing)
 # A cut of a group over consecutive parts of one tensor turns each chunk's stack into a slice
-# of that tensor. On the H200 (run 13, docs/planner.md) such cuts on splitcat inference gave
-# a wrong result that the CPU did not reproduce; until the cause is known, they are declined.
-CUT_PARTS_WHY = "a chunk would read a slice of it, and such cuts gave a wrong result on the H200 (docs/planner.md, run 13)"
+# of that tensor. On the H200 such cuts on splitcat inference gave a wrong result that the CPU
+# did not reproduce (docs/planner.md, "Memory"); until the cause is known, they are declined.
+CUT_PARTS_WHY = 'a chunk would read a slice of it, and such cuts gave a wrong result on the H200 (docs/planner.md, "Memory")'
 MIN_GAIN = 0.0  # µs: a group must be estimated faster than its members, strictly
 
 

@@ -30,7 +30,17 @@ def why_not_tunable(gm: fx.GraphModule, example_inputs: Sequence[Any], mutates_i
                 return f"data-dependent shapes ({n.name}: {tuple(t.shape)}): the inputs cannot be reproduced"
     if not any(isinstance(x, torch.Tensor) for x in example_inputs):
         return "no tensor inputs to time on"
+    if any(_symbolic(n.meta.get("example_value", n.meta.get("val"))) for n in gm.graph.nodes if n.op == "placeholder"):
+        return ("symbolic sizes (dynamic shapes): the plan serves every size, and a trial compile "
+                "outside Dynamo cannot re-create the graph's size symbols")
     return None
+
+
+def _symbolic(value: Any) -> bool:
+    """A symbolic size, or a tensor with one (a graph compiled with dynamic shapes)."""
+    if isinstance(value, torch.SymInt):
+        return value.node.maybe_as_int() is None if hasattr(value.node, "maybe_as_int") else True
+    return isinstance(value, torch.Tensor) and any(_symbolic(s) for s in value.shape)
 
 
 def _unbacked(s: Any) -> bool:

@@ -52,7 +52,7 @@ from ..core.group import Group, group_rule
 from ..core.symbolic import concrete_int, fold_exact_floordiv, is_symbolic, known_eq, known_lt, known_nonneg, known_sizes_eq, sym_key
 from ..core.view import GraphView, getitem_users, is_int
 from ..core.vocab import Call, ParamRef, register_extern_op
-from ..kernels.embedding_ops import MODES
+from ..kernels.embedding_bag import MODES
 from ._facts import emittable_shape, kernel_op_device_problem
 
 GROUPED_OP = "grouped_embedding_bag"

@@ -8,7 +8,7 @@ project's grouped kernels, ``torch.ops.optimus.grouped_linear`` and
 the CPU; registered with fake implementations and autograd).
 
 The custom ops take their operands *packed*: every member flattened and concatenated into
-one 1-D buffer per operand, the shapes as int lists (``kernels/custom_ops.py``). So a
+one 1-D buffer per operand, the shapes as int lists (``kernels/linear/op.py``). So a
 rewrite is::
 
     [act(linear(x_i, w_i, b_i))] ->
@@ -31,8 +31,8 @@ ReLU before the split)::
 
 Where the parameters lie concatenated in one buffer (``optimus.pack_parameters`` packs
 sibling parameters of different shapes that way), the Torch-IR rules hand them to the
-parameter-list ops (``grouped_linear_params``, ``batched_layer_norm_params``,
-``kernels/param_ops.py``) as lists, which read that buffer in place: no pack of the weights.
+parameter-list ops (``grouped_linear_params``, ``batched_layer_norm_params``: the ``op.py``
+of ``kernels/linear``, ``kernels/layer_norm``) as lists, which read that buffer in place: no pack of the weights.
 
 Levels:
 
@@ -68,7 +68,7 @@ from typing import Any, Hashable, Sequence
 import torch
 import torch.fx as fx
 from .. import kernels  # noqa: F401  (importing registers the optimus:: custom ops)
-from ..kernels.param_ops import lies_concatenated
+from ..kernels.runtime.params import lies_concatenated
 from ..core.group import Group, group_rule
 from ..core.rule import Builder
 from ..core.view import GraphView, is_int, num_outputs

@@ -116,7 +116,7 @@ def _lies_packed(view: GraphView, items: list[Any]) -> bool:
     """The members are parameters (graph inputs) lying packed in one storage, member ``i``
     at ``offset_0 + i * slot`` (``optimus.pack_parameters``): Dynamo's fake parameters keep
     their storage and offsets, so this is known at compile time."""
-    from ..kernels.packed_ops import packed_slot
+    from ..kernels.packed_linear import packed_slot
 
     values = []
     for item in items:
@@ -176,7 +176,7 @@ def batch_linear(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
 
     When the weights lie packed (``optimus.pack_parameters``) the stacks of weights and
     biases would be copies of what is already one buffer; then the batched matmul is
-    ``optimus::packed_linear`` (``kernels/packed_ops.py``), which reads them through a
+    ``optimus::packed_linear`` (``kernels/packed_linear/op.py``), which reads them through a
     strided view of that buffer (checked again on every call; a stack if they no longer
     lie packed) and hands back weight gradients in the parameters' own strides:
 
@@ -486,13 +486,13 @@ def transpose_bmm_for_gradient_layout(m: Any, b: Any) -> fx.Node:
 
 # ------------------------------------------------------- long reductions (backward)
 #: A batched matmul whose reduction is this long and this much longer than its outputs'
-#: sides is unbatched (below). Measured on the H200 (docs/results/h200-zoo-run3/4): the
+#: sides is unbatched (below). Measured on the H200 (docs/horizontal.md): the
 #: weight gradients of interformer's 8 batched linears, bmm (8, 64..192, 33792) @ (8, 33792,
 #: 64..128), ran in cuBLAS's 32x32-tile batched kernel at ~790 us each (4.7 ms per step,
 #: 6 calls), where Inductor's 75 per-linear weight-gradient mm's of the same model took
 #: 0.8 ms in all; towers32's and splitcat's (32, 64, 512) @ (32, 512, 64) stayed fast
-#: (~15 us for what 32 mm's do in ~120 us). Checked after the rule landed (run 5,
-#: docs/results/bmm_long_reduction.py): 1177-1187 us batched against 218-266 us as mm's for
+#: (~15 us for what 32 mm's do in ~120 us). One product alone
+#: (docs/results/bmm_long_reduction.py): 1177-1187 us batched against 218-266 us as mm's for
 #: interformer's, 8470 against 156 us for wukong's, 32-42 against ~840 us for the short ones.
 LONG_REDUCTION = 4096
 LONG_REDUCTION_RATIO = 64

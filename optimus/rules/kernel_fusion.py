@@ -169,6 +169,7 @@ def combo_small_kernels(m: FusionMatch, b: FusionBuilder):
     ``benchmark=True`` also times it against the separate kernels (slower compiles);
     ``memory_increase`` bounds the peak memory as for ``fuse_independent_kernels``. The
     driver keeps out the second stage of a split mix-order reduction, which Inductor
-    computes inside the mix-order kernel (see docs/inductor-ir.md, issue 11).
+    computes inside the mix-order kernel (docs/inductor-ir.md, "Combo kernels and split
+    mix-order reductions").
     """
     return b.combo(m.group, m.candidate)

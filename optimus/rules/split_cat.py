@@ -11,6 +11,7 @@ import torch.fx as fx
 from ..core.pattern import Each, ListOf, Op, Var
 from ..core.rule import rule
 from ..core.symbolic import known_eq
+from ..core.safety import MAY_ALIAS_OPS
 from ..core.view import is_int, num_outputs
 from ._facts import STACK_SPELLINGS, adjacent_runs, covers, emittable_shape, permute_for_movedim, resolvable, segment_of, stack_of
 
@@ -55,6 +56,44 @@ def split_cat_to_identity(m, b):
     cat(split(x, s, d), d) -> x
     """
     return m.x
+
+
+def _returned(node: fx.Node) -> bool:
+    return any(u.op == "output" for u in node.users)
+
+
+def _visible_to_the_caller(view, node: fx.Node) -> bool:
+    """``node``, or the tensor it is a view of, is a graph input or a graph output."""
+    while True:
+        if node.op == "placeholder" or _returned(node):
+            return True
+        call = view.classify(node)
+        src = call.args.get("input") if call is not None and call.op in MAY_ALIAS_OPS else None
+        if not isinstance(src, fx.Node):
+            return False
+        node = src
+
+
+def _returned_beside_its_input(m):
+    """the cat is not a graph output returned beside its input (nothing for Inductor to fold into an alias)"""
+    return _returned(m.anchor.node) and _visible_to_the_caller(m.view, m.x)
+
+
+@rule(Op("cat", CHUNKS, D), where=[_chunks_cover_split_in_order, _returned_beside_its_input], levels=("aten_ir",), kind="canonicalize", priority=21)
+def split_cat_to_clone(m, b):
+    """A returned cat of every chunk of a split, in order, whose input the caller also sees,
+    is a fresh copy of that input.
+
+    cat(split(x, s, d), d) -> clone(x)      (cat returned; x an input or returned too)
+
+    ``split_cat_to_identity`` declines here (two outputs, or an output and an input,
+    would share one buffer where eager's do not), but Inductor's own lowering folds
+    ``cat(split_with_sizes(x))`` into ``x`` all the same, and in a training forward
+    AOTAutograd then gives both outputs the autograd flags of one: a result computed
+    under ``no_grad`` takes the gradient of its input away. A clone is the value eager
+    returns, and Inductor keeps a clone whose source the caller sees.
+    """
+    return b.clone(m.x)
 
 
 def _has_adjacent_run(m):

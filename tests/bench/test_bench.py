@@ -125,6 +125,14 @@ def test_report_renders(infer_json: dict, tmp_path) -> None:
     assert "| dlrm | eager |" in text and "ok (allclose) |" in text
     table = results.format_table(data)
     assert all(r["config"] in table for r in data["rows"].values())
+    assert rows_without_fallbacks(data) and "safety net" not in text
+    key = f"{MODEL}/infer/optimus"
+    data["rows"][key]["optimus_fallbacks"] = ["aten_ir inference 0: the first call raised; compiled again without any Optimus pass"]
+    assert f"**{key}**: the safety net compiled a graph again" in report.render(data)
+
+
+def rows_without_fallbacks(data: dict) -> bool:
+    return all(not r.get("optimus_fallbacks") for r in data["rows"].values())
 
 
 def test_plot(infer_json: dict, tmp_path) -> None:
@@ -399,7 +407,7 @@ def test_cpu_peak_tensor_memory_counts_what_a_step_holds_at_once():
 @pytest.mark.slow
 def test_deadline_drops_only_the_rows_that_would_end_past_it() -> None:
     """A row expected to outlast the budget is not started; shorter rows still run (the
-    longest expected row once came first and stopped the whole plan: H200 run 8)."""
+    longest expected row comes first, and must not stop the whole plan)."""
     opts = harness.BenchOptions(device="cpu", size="small", iters=1, warmup=0)
     rows = parallel.run_parallel(["dlrm", "towers32"], ["infer"], ["eager"], opts, workers=1,
                                  deadline=time.perf_counter() + 120, prior={"dlrm/infer/eager": 1e6})

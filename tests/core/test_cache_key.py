@@ -15,12 +15,24 @@ def test_key_covers_the_compiling_sources_only():
     names = [name for name, _ in oc.compiled_source_files()]
     for required in ("core/rule.py", "core/driver.py", "torch_ir/view.py", "aten_ir/view.py", "inductor_ir/passes.py",
                      "rules/split_cat.py", "rules/kernel_fusion.py", "planner/plan.py", "compile.py", "compat.py", "safety_net.py",
-                     "kernels/ops.py", "kernels/custom_ops.py", "kernels/eager.py"):
+                     "kernels/__init__.py", "kernels/linear/op.py", "kernels/linear/eager.py", "kernels/linear/kernel.py",
+                     "kernels/embedding_bag/op.py", "kernels/runtime/registration.py"):
         assert required in names, required
-    for tool in ("tools/", "bench/", "models/", "measure.py", "cli.py", "graph_pictures.py",
-                 "kernels/bench.py", "kernels/bench_embedding.py", "kernels/bench_grouped.py", "kernels/aot_check.py"):
+    for tool in ("tools/", "bench/", "models/", "measure.py", "cli.py", "graph_pictures.py"):
         assert not any(n.startswith(tool) for n in names), tool
     assert names == sorted(names)
+
+
+def test_key_hashes_the_whole_kernels_package():
+    """The kernels are compiler, every file of them (a folder, not a list): their benchmarks
+    live with the bench (optimus/bench/kernels), outside the package."""
+    import optimus.kernels
+
+    folder = pathlib.Path(optimus.kernels.__file__).parent
+    on_disk = {f"kernels/{f.relative_to(folder).as_posix()}" for f in folder.rglob("*.py")}
+    names = {name for name, _ in oc.compiled_source_files() if name.startswith("kernels/")}
+    assert names == on_disk
+    assert not any("bench" in n or "aot_check" in n for n in names), sorted(names)
 
 
 def test_key_changes_with_a_compiling_source(monkeypatch, tmp_path):

@@ -1,5 +1,6 @@
 """The driver's guarantees: rollback of broken rules, validation, accounting, budget."""
 
+import collections
 import logging
 
 import pytest
@@ -7,6 +8,7 @@ import torch
 
 import optimus
 from optimus import Op, Var
+from optimus.core.levels import make_view
 from optimus.core.registry import REGISTRY
 from support import check_level, run_level
 
@@ -135,3 +137,62 @@ def test_level_rollback_when_driver_crashes(monkeypatch):
     optimus.optimize(gm, example_inputs=[torch.randn(2, 4)])
     assert len(gm.graph.nodes) == before
     assert any("rolled back" in n for n in optimus.last_report().graphs[0].notes)
+
+
+# --------------------------------------------------------------- fixpoint
+def _graph_at(level, fn, x):
+    """``fn`` traced at ``level`` with shape metadata: symbolic_trace and fake-tensor
+    propagation (Torch-IR), make_fx (Aten-IR)."""
+    if level == "torch_ir":
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+        gm = torch.fx.symbolic_trace(fn)
+        mode = FakeTensorMode()
+        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(mode.from_tensor(x))
+        return gm
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    return make_fx(fn, tracing_mode="fake")(x)
+
+
+def _drive(level, gm, names, reverse):
+    from optimus.core.driver import Driver
+    from optimus.core.registry import resolve
+    from optimus.core.report import GraphReport
+
+    config = resolve(names)
+    rules = [(r, config.options_for(level, r)) for r in config.rules_for(level)]
+    driver = Driver(make_view(level, gm), rules, GraphReport(level, "test"), reverse=reverse)
+    driver.run()
+    gm.graph.lint()
+    gm.recompile()
+    return driver
+
+
+def _patterns_made_by_rewrites(x):
+    # cat(split(relu(x))) -> relu(x) leaves relu(relu(x)) behind
+    y = torch.relu(torch.cat(torch.split(torch.relu(x), 4, 1), 1))
+    # neg(neg(chunk)) -> chunk leaves cat(split(x * 3)) behind
+    a, b = torch.split(x * 3, 4, 1)
+    z = torch.cat([torch.neg(torch.neg(a)), b], 1)
+    return y + z
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["graph_order", "reversed"])
+@pytest.mark.parametrize("level", ["torch_ir", "aten_ir"])
+def test_the_driver_reaches_its_fixpoint_whichever_rule_goes_first(temp_rule, level, reverse):
+    """A rewrite that creates another rule's pattern (in either direction) is followed by
+    that rule, whatever order the worklist visits the graph in: the replacement's users
+    and the erased nodes' surviving producers are visited again."""
+    temp_rule(Op("relu", Op("relu", Var("x")).bind("inner")), lambda m, b: m.inner, name="test_relu_relu")
+    temp_rule(Op("neg", Op("neg", Var("x"))), lambda m, b: m.x, name="test_neg_neg")
+    x = torch.randn(3, 8)
+    gm = _graph_at(level, _patterns_made_by_rewrites, x)
+    driver = _drive(level, gm, ["canonicalize_split_cat_args", "split_cat_to_identity", "test_relu_relu", "test_neg_neg"], reverse)
+    view = make_view(level, gm)
+    ops = collections.Counter(c.op for c in map(view.classify, gm.graph.nodes) if c is not None)
+    assert (ops["neg"], ops["cat"], ops["split"], ops["relu"]) == (0, 0, 0, 1), ops
+    rewrites = [name for name in driver.applied if not name.startswith("canonicalize")]
+    assert sorted(rewrites) == ["split_cat_to_identity", "split_cat_to_identity", "test_neg_neg", "test_relu_relu"]
+    torch.testing.assert_close(gm(x), _patterns_made_by_rewrites(x))

@@ -1,4 +1,4 @@
-"""Dynamic shapes keep the static rewrites (issue 13 targets): facts that used to be
+"""Dynamic shapes keep the static rewrites (docs/dynamic-shapes.md): facts that used to be
 unprovable, and zoo models whose rewrite counts under symbolic sizes were below static.
 
 Each model test rewrites one level (Torch-IR through Dynamo, or Aten-IR through

@@ -1,4 +1,4 @@
-"""Dynamic shapes (issue 13): the four crashes as regression tests, and the guard-free
+"""Dynamic shapes (docs/dynamic-shapes.md): four crashes as regression tests, and the guard-free
 facts rules reason with.
 
 Each crash test names what used to happen; all run at Torch-IR or Aten-IR through

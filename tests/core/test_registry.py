@@ -85,3 +85,46 @@ def test_reserved_and_duplicate_names():
         optimus.rule(Op("relu", Var("x")), name="all")(lambda m, b: None)
     with pytest.raises(ValueError, match="already registered"):
         optimus.rule(Op("relu", Var("x")), name="merge_splits")(lambda m, b: m.x)
+
+
+@pytest.mark.parametrize(
+    "rule, option, value, error, message",
+    [
+        ("batch_linear", "max_stack_bytes", -1, ValueError, "'max_stack_bytes' must be >= 0, got -1"),
+        ("batch_linear", "max_stack_bytes", True, TypeError, "'max_stack_bytes' must be int, got True"),
+        ("batch_linear", "min_group", 0, ValueError, "'min_group' must be >= 2, got 0"),
+        ("batch_linear", "min_group", -3, ValueError, "'min_group' must be >= 2"),
+        ("batch_linear", "max_group", 0, ValueError, "'max_group' must be >= 2"),
+        ("batch_linear", "min_group", 2.5, TypeError, "'min_group' must be an int"),
+        ("batch_linear", "packed_weights", 1, TypeError, "'packed_weights' must be bool"),
+        ("fuse_independent_kernels", "max_nodes", 0, ValueError, "'max_nodes' must be >= 1"),
+        ("fuse_independent_kernels", "memory_increase", -0.5, ValueError, "'memory_increase' must be >= 0"),
+        ("fuse_independent_kernels", "memory_increase", "lots", TypeError, "'memory_increase' must be a number or None"),
+    ],
+)
+def test_every_rule_option_is_type_and_range_checked(rule, option, value, error, message):
+    level = REGISTRY.get(rule).levels[0]
+    with pytest.raises(error, match=f"rule '{rule}' option {message}".replace("(", r"\(").replace(")", r"\)")):
+        resolve({level: {rule: {option: value}}})
+
+
+def test_option_ranges_that_depend_on_each_other_and_that_are_fine():
+    with pytest.raises(ValueError, match="max_group \\(3\\) is below min_group \\(5\\)"):
+        resolve({"torch_ir": {"batch_linear": {"min_group": 5, "max_group": 3}}})
+    ok = resolve({"torch_ir": {"batch_linear": {"min_group": 3, "max_group": 8, "max_stack_bytes": 0}}, "inductor_ir": {"fuse_independent_kernels": {"memory_increase": 0.5}}})
+    assert ok.options[("torch_ir", "batch_linear")] == {"min_group": 3, "max_group": 8, "max_stack_bytes": 0}
+
+
+def test_a_rule_declares_ranges_its_defaults_must_obey():
+    with pytest.raises(ValueError, match="'min_chunks' must be >= 2"):
+        optimus.rule(optimus.Op("relu", optimus.Var("x")), name="test_bad_default", options={"min_chunks": 1})(lambda m, b: m.x)
+    declared = optimus.rule(optimus.Op("relu", optimus.Var("x")), name="test_declared_range", options={"min_chunks": 1}, ranges={"min_chunks": (1, 4)})(lambda m, b: m.x)
+    try:
+        with pytest.raises(ValueError, match=r"must be in \[1, 4\], got 5"):
+            resolve({"torch_ir": {"test_declared_range": {"min_chunks": 5}}})
+    finally:
+        REGISTRY.remove(declared.name)
+
+
+def test_passes_none_is_the_default():
+    assert resolve(None).spec == resolve().spec == "auto"

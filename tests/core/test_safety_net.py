@@ -184,12 +184,16 @@ def test_cat_of_split_returns_a_fresh_tensor_like_eager():
         torch._dynamo.reset()
         compiled = optimus.compile(f)
         for _ in range(2):  # the first call decides, every call keeps it
-            y = compiled(x)
+            with torch._inductor.config.patch(fx_graph_cache=False):  # the passes run for each f
+                y = compiled(x)
             assert y.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
             torch.testing.assert_close(y, x)
         y.add_(1)
         assert not torch.equal(x, y)
-        assert any("alias where eager's do not" in n for n in compiled.optimus_report.notes)
+        # Inductor would fold the returned cat into its input: split_cat_to_clone keeps it a
+        # copy in the graph, so the output guard has nothing to copy on each call
+        assert compiled.optimus_report.rule_totals()["split_cat_to_clone"].matched == 1
+        assert not any("alias where eager's do not" in n for n in compiled.optimus_report.notes)
 
 
 def test_eagers_own_aliasing_is_kept():
@@ -369,7 +373,7 @@ def test_numeric_check_that_cannot_run_warns():
 
 
 def test_dropout_model_trains_under_dynamic_true():
-    """Regression (issue 13): dynamic=True training with dropout must not break the compile."""
+    """Regression: dynamic=True training with dropout must not break the compile."""
 
     class Drop(torch.nn.Module):
         def __init__(self) -> None:
@@ -384,3 +388,74 @@ def test_dropout_model_trains_under_dynamic_true():
     compiled = optimus.compile(model, dynamic=True)
     compiled(torch.randn(4, 8)).sum().backward()
     assert all(p.grad is not None for p in model.parameters())
+
+
+def test_copies_of_aliasing_outputs_keep_eagers_autograd():
+    """An output copied because it shares storage keeps eager's requires_grad, and a
+    gradient flows through the copy where eager's did, on every call."""
+    notes: list[str] = []
+    w = torch.randn(3, requires_grad=True)
+
+    def program(x):
+        y = x * w
+        return (y, y)  # two outputs, one buffer
+
+    eager = safety_net.EagerOutputs(frozenset(), (True, False))  # the second came from no_grad
+    guard = safety_net.OutputGuard(program, None, eager, notes.append, may_rerun=True)
+    for _ in range(2):
+        y, z = guard(torch.ones(3))
+        assert (y.requires_grad, z.requires_grad) == (True, False)
+        assert y.untyped_storage().data_ptr() != z.untyped_storage().data_ptr()
+        w.grad = None
+        y.sum().backward()
+        assert w.grad is not None
+    both = safety_net.OutputGuard(program, None, safety_net.EagerOutputs(frozenset(), (True, True)), notes.append, may_rerun=True)
+    for _ in range(2):
+        y, z = both(torch.ones(3))
+        w.grad = None
+        z.sum().backward()  # the copy is recorded by autograd
+        torch.testing.assert_close(w.grad, torch.ones(3))
+
+
+def test_a_first_call_with_other_autograd_than_eager_recompiles_without_optimus():
+    notes: list[str] = []
+    discarded: list[str] = []
+    w = torch.randn(3, requires_grad=True)
+    wrong = safety_net.OutputGuard(lambda x: ((x * w).detach(),), lambda: (lambda x: (x * w,)), safety_net.EagerOutputs(frozenset(), (True,)), notes.append, True, discarded.append)
+    for _ in range(2):
+        (y,) = wrong(torch.ones(3))
+        assert y.requires_grad
+    assert len(discarded) == 1 and "autograd differs from eager's" in discarded[0] and "output 0 needs a gradient" in discarded[0]
+
+
+def test_a_fallback_after_the_first_call_marks_the_rewrites_thrown_away(monkeypatch):
+    """The compiled program with Optimus fails on its first call: it is compiled again
+    without Optimus, and the report's counts, table and notes say so."""
+    from optimus import compat
+
+    real = compat.compile_fx
+
+    def failing_with_optimus(gm, example_inputs, inner_compile, options):
+        compiled = real(gm, example_inputs, inner_compile, options)
+        if inner_compile is None:  # the plain recompile
+            return compiled
+
+        def first_call_fails(*args):
+            raise RuntimeError("Expected result >= 0")
+
+        return first_call_fails
+
+    monkeypatch.setattr(compat, "compile_fx", failing_with_optimus)
+    torch._dynamo.reset()
+    f = lambda t: torch.cat(torch.split(torch.relu(t), 2, 1), 1).tanh()  # noqa: E731
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        compiled = optimus.compile(f, passes="all")
+        x = torch.randn(4, 8)
+        torch.testing.assert_close(compiled(x), f(x))
+    report = compiled.optimus_report
+    assert report.graphs and all(g.discarded for g in report.graphs)
+    assert "Expected result >= 0" in report.graphs[0].discarded
+    assert sum(s.matched for s in report.rule_totals().values()) == 0  # counts describe what runs
+    note = next(n for n in report.notes if "Rewrites thrown away" in n)
+    assert "split_cat_to_identity (" in note and "compiled again without any Optimus pass" in note
+    assert "DISCARDED" in report.table()

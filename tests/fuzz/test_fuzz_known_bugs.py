@@ -1,8 +1,7 @@
 """Bugs the fuzzer found, as minimized reproducers, kept as regression tests.
 
-Found by ``optimus fuzz`` (seeds 0, 11 and 2024) and minimized by its shrinker. Each was
-an ``xfail(strict=True)`` test until its fix landed (see docs/fuzzing.md, "Bugs found");
-each docstring says what went wrong and what now prevents it."""
+Found by ``optimus fuzz`` (seeds 0, 11 and 2024) and minimized by its shrinker (docs/fuzzing.md,
+"Bugs found"); each docstring says what went wrong and what now prevents it."""
 
 from __future__ import annotations
 

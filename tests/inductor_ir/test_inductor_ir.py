@@ -336,8 +336,8 @@ def test_unsupported_torch_installs_nothing_and_says_why(monkeypatch):
 # ---------------------------------------------------------------- memory (passes="auto")
 @needs_hooks
 def test_merges_within_the_global_peak_are_still_bounded_by_their_local_rise(monkeypatch):
-    """H200 run 16 (towers32): Inductor's estimate put the peak elsewhere, so merges that
-    doubled the real peak left the estimated one unchanged; each merge's local rise counts
+    """towers32 on the H200: Inductor's estimate puts the peak elsewhere, so merges that
+    double the real peak leave the estimated one unchanged; each merge's local rise counts
     against the graph's allowance."""
     from optimus.inductor_ir import passes
 

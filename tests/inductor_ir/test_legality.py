@@ -1,7 +1,8 @@
 """The Inductor-IR legality check: buffer liveness and what each kernel reads and writes.
 
 Hand-built scheduler node lists (stand-ins with the attributes Inductor's scheduler nodes
-have) model the H200 failure of issue 11: a split mix-order reduction ``M`` (LayerNorm
+have) model an H200 failure (docs/inductor-ir.md, "Combo kernels and split mix-order
+reductions"): a split mix-order reduction ``M`` (LayerNorm
 backward: row reduction + column reduction in one kernel) drops its partial sums
 ``buf2`` when it is generated and computes the second stage ``op3`` itself; a combo
 kernel holding ``op3`` reads ``buf2`` anyway (``AssertionError: buf2`` in
@@ -437,7 +438,7 @@ def _column_sums(a, b, c):
     """Column sums Inductor splits in two stages (long, narrow reductions); the three first
     stages share one iteration space (16384 x 128) though the sums' own sizes differ
     (64, 128, 256 columns). Inductor's fusion check asserts one original size per kernel
-    (``MixOrderReduction.get_numel_rnumel``): the H200 runs' ``AssertionError: 64 v.s. 2112``
+    (``MixOrderReduction.get_numel_rnumel``): the H200's ``AssertionError: 64 v.s. 2112``
     on interformer and dhen training."""
     return (a * 2).sum(0), (b * 2).sum(0), (c * 2).sum(0)
 

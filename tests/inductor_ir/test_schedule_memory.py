@@ -1,6 +1,6 @@
 """The Inductor-IR merges' memory bound (``passes.ScheduleMemory``, set by ``passes="auto"``):
-the simulated order of a merge, its rise, and the towers case the H200 measured (run 16:
-merges that doubled towers32's peak while Inductor's estimate of the peak did not move)."""
+the simulated order of a merge, its rise, and the towers case the H200 measured (merges
+that doubled towers32's peak while Inductor's estimate of the peak did not move)."""
 
 from __future__ import annotations
 

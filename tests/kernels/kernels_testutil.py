@@ -1,4 +1,5 @@
-"""Helpers shared by the optimus.kernels tests (imported by the test modules of this folder)."""
+"""Helpers shared by the optimus.kernels tests (imported by the test modules of this folder and
+its family subfolders; tests/kernels/conftest.py puts this folder on the path)."""
 
 import math
 import os
@@ -31,6 +32,32 @@ def load_kernels():
 
 
 K = load_kernels()
+
+
+def kmod(name: str):
+    """The module ``name`` of the kernels package (``"linear.eager"``, ``"runtime.plans"``, ...),
+    under whichever name the package was imported."""
+    import importlib
+
+    return importlib.import_module(K.__name__ + "." + name)
+
+
+# the modules the tests reach into (none of them imports Triton)
+plans = kmod("runtime.plans")          # eager_cache_info, clear_eager_caches, set_table_cache, PLANS, TABLES
+tables = kmod("runtime.tables")        # device tables: upload, capturing, stats
+gl_eager = kmod("linear.eager")        # the grouped linear's eager path: validate, _GLPlan, set_gl_route
+ln_eager = kmod("layer_norm.eager")    # the batched layer norm's eager path: validate, _LNPlan
+vendor = kmod("linear.vendor")         # the grouped linear's vendor routes
+
+
+def gl_kernel():
+    """The grouped-linear Triton module (imports Triton)."""
+    return kmod("linear.kernel")
+
+
+def ln_kernel():
+    """The batched-layer-norm Triton module (imports Triton)."""
+    return kmod("layer_norm.kernel")
 
 # The interpreter tests run Triton on CPU tensors; they are for machines without CUDA (CI).  On a
 # CUDA machine the kernels are compiled instead and the GPU tests run.

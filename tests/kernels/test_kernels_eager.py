@@ -1,15 +1,13 @@
 """The eager fast path: per-signature plans, device-table cache, no host syncs, capture mode,
-autotuner bypass, tile counts, and the benchmark's table printer.  CPU only (interpreter or
+autotuner bypass and tile counts.  CPU only (interpreter or
 stubbed launches), a few seconds in all."""
 
 import numpy as np
 import pytest
 import torch
 
-from kernels_testutil import K, TOL, check_gl, check_ln, interpret, interpreter_only, interpreter_works, make_gl, make_ln, needs_triton  # noqa: F401
+from kernels_testutil import K, TOL, gl_eager, gl_kernel, ln_eager, ln_kernel, plans, tables, check_gl, check_ln, interpret, interpreter_only, interpreter_works, make_gl, make_ln, needs_triton  # noqa: F401
 
-ops = K.ops if hasattr(K, "ops") else __import__(K.__name__ + ".ops", fromlist=["ops"])
-eager = __import__(K.__name__ + ".eager", fromlist=["eager"])
 pytestmark = [interpreter_only, needs_triton, pytest.mark.usefixtures("interpret")]
 
 
@@ -41,10 +39,10 @@ class _StableEmpty:
 
 @pytest.fixture
 def fresh_caches():
-    ops.clear_eager_caches()
-    eager._dt.reset_stats()
+    plans.clear_eager_caches()
+    tables.reset_stats()
     yield
-    ops.clear_eager_caches()
+    plans.clear_eager_caches()
 
 
 def _step_gl(xs, ws, bs, act=None, gys=None):
@@ -58,13 +56,13 @@ def test_plan_cached_per_signature(fresh_caches):
     xs, ws, bs = make_gl([(5, 8, 4), (3, 16, 8)], torch.float32, seed=1)
     for _ in range(3):
         K.grouped_linear(xs, ws, bs)
-    assert ops.eager_cache_info()["plans"] == 1
+    assert plans.eager_cache_info()["plans"] == 1
     with torch.no_grad():  # grad mode is part of the signature
         K.grouped_linear(xs, ws, bs)
-    assert ops.eager_cache_info()["plans"] == 2
+    assert plans.eager_cache_info()["plans"] == 2
     xs2, ws2, bs2 = make_gl([(6, 8, 4), (3, 16, 8)], torch.float32, seed=2)  # another shape
     K.grouped_linear(xs2, ws2, bs2)
-    assert ops.eager_cache_info()["plans"] == 3
+    assert plans.eager_cache_info()["plans"] == 3
     # a cached plan never skips validation of different metadata: non-contiguous input, other dtype
     bad = [xs[0], torch.randn(16, 3).t()]
     with pytest.raises(ValueError, match=r"xs\[1\].*contiguous"):
@@ -77,7 +75,8 @@ def test_plan_cached_per_signature(fresh_caches):
 def test_table_cache_hits_with_stable_addresses(fresh_caches, monkeypatch):
     """Same plan and same pointers: the device tables are reused (no upload), results stay exact."""
     stable = _StableEmpty()
-    monkeypatch.setattr(eager, "torch", stable)
+    for eager in (gl_eager, ln_eager):  # the buffers both eager paths allocate
+        monkeypatch.setattr(eager, "torch", stable)
     xs, ws, bs = make_gl([(9, 16, 8), (0, 8, 8), (5, 24, 16)], torch.float32, seed=3)
     gys = [torch.randn(9, 8), torch.randn(0, 8), torch.randn(5, 16)]  # upstream grads: same storage each step
     ref = None
@@ -90,7 +89,7 @@ def test_table_cache_hits_with_stable_addresses(fresh_caches, monkeypatch):
         else:
             for a, b in zip(got, ref):
                 torch.testing.assert_close(a, b, rtol=0, atol=0)
-    info = ops.eager_cache_info()
+    info = plans.eager_cache_info()
     assert info["misses"] == 2 and info["hits"] == 4, info  # one forward and one backward table
     xs_ = make_ln([(4, 8), (6, 16)], torch.float32, affine=False, seed=4)[0]
     lws = [torch.randn(8, requires_grad=True), None]
@@ -100,20 +99,20 @@ def test_table_cache_hits_with_stable_addresses(fresh_caches, monkeypatch):
         stable.reset()
         ys = K.batched_layer_norm(xs_, lws, lbs)
         torch.autograd.grad(ys, xs_, lg)
-    info = ops.eager_cache_info()
+    info = plans.eager_cache_info()
     assert info["misses"] == 4 and info["hits"] == 6, info
 
 
 @interpreter_works
 def test_table_cache_off_still_correct(fresh_caches):
-    ops.set_table_cache(False)
+    plans.set_table_cache(False)
     try:
         xs, ws, bs = make_gl([(7, 16, 8), (3, 8, 24)], torch.float32, seed=5)
         bs[1] = None
         check_gl(xs, ws, bs, "relu", TOL[torch.float32])
-        assert ops.eager_cache_info()["tables"] == 0
+        assert plans.eager_cache_info()["tables"] == 0
     finally:
-        ops.set_table_cache(True)
+        plans.set_table_cache(True)
 
 
 @interpreter_works
@@ -121,31 +120,31 @@ def test_capture_mode_bypasses_cache(fresh_caches, monkeypatch):
     """While a CUDA graph is being captured, tables are staged fresh every call and never cached
     (a table recorded in a graph holds its values only once the graph runs)."""
     seen = []
-    real_upload = eager._dt.upload
+    real_upload = tables.upload
 
     def upload(arr, device, capture=None):
         seen.append(capture)
         return real_upload(arr, device, capture)
 
-    monkeypatch.setattr(eager._dt, "capturing", lambda device: True)
-    monkeypatch.setattr(eager._dt, "upload", upload)
+    monkeypatch.setattr(tables, "capturing", lambda device: True)
+    monkeypatch.setattr(tables, "upload", upload)
     xs, ws, bs = make_gl([(6, 8, 8), (4, 16, 8)], torch.float32, seed=6)
     check_gl(xs, ws, bs, "silu", TOL[torch.float32])
     xl, wl, bl = make_ln([(5, 8), (3, 24)], torch.float32, seed=7)
     check_ln(xl, wl, bl, TOL[torch.float32])
     assert seen and all(c is True for c in seen)
-    assert ops.eager_cache_info()["tables"] == 0
+    assert plans.eager_cache_info()["tables"] == 0
 
 
 def test_capture_without_warmup_raises():
     arr = np.zeros((2, 16), dtype=np.int64)
-    saved = dict(eager._dt._arena)
-    eager._dt._arena.clear()
+    saved = dict(tables._arena)
+    tables._arena.clear()
     try:
         with pytest.raises(RuntimeError, match="run it once eagerly first"):
-            eager._dt.upload(arr, torch.device("cuda", 0), capture=True)
+            tables.upload(arr, torch.device("cuda", 0), capture=True)
     finally:
-        eager._dt._arena.update(saved)
+        tables._arena.update(saved)
 
 
 _FORBIDDEN = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
@@ -154,7 +153,7 @@ _FORBIDDEN = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float_
 def test_no_host_sync(fresh_caches, monkeypatch):
     """Neither path reads device values on the host: with the launches stubbed out, every
     host-reading tensor method and torch.cuda.synchronize raise, and fwd + bwd still run."""
-    glk, lnk = eager._glk(), eager._lnk()
+    glk, lnk = gl_kernel(), ln_kernel()
     for mod, names in ((glk, ("launch_forward", "launch_dx", "launch_dw")), (lnk, ("launch_forward", "launch_backward"))):
         for n in names:
             monkeypatch.setattr(mod, n, lambda *a, **k: None)
@@ -180,7 +179,7 @@ def test_no_host_sync(fresh_caches, monkeypatch):
 
 
 def test_tile_counts_match_kernel_enumeration():
-    glk = eager._glk()
+    glk = gl_kernel()
     rng = np.random.default_rng(0)
     ms, ks, ns = [int(v) for v in rng.integers(0, 300, 9)], [int(v) for v in rng.integers(0, 300, 9)], \
         [int(v) for v in rng.integers(0, 300, 9)]
@@ -197,7 +196,7 @@ def test_tile_counts_match_kernel_enumeration():
 def test_autotuner_consulted_once_per_key(monkeypatch):
     """After the autotuner has chosen for a (kernel, key, flags), launches go to the jitted kernel
     with that choice; the autotuner is not called again."""
-    glk = eager._glk()
+    glk = gl_kernel()
     calls = {"tuned": 0, "raw": []}
 
     class Cfg:
@@ -232,22 +231,3 @@ def test_autotuner_consulted_once_per_key(monkeypatch):
     assert calls["raw"] == [((min(tiles, 2),), 64, 4)] * 2  # 2 SMs x 1 program per SM on a CPU device
     glk.launch_forward(sig, None, x, x, None, x, None, "relu", 8)  # other flags: consult the tuner once
     assert calls["tuned"] == 2
-
-
-def test_bench_table_printer():
-    from importlib import import_module
-
-    bench = import_module(K.__name__ + ".bench")
-    t = {"ms": 1.0}
-    report = dict(date="d", gpu="g", torch="t", triton="tr", ceilings=dict(copy_TBps=4.0, bf16_mm_TFLOPs=700.0,
-                                                                          fp32_tf32_mm_TFLOPs=350.0),
-                  checks=[{"ok": True}], checks_failed=0,
-                  grouped_linear=[dict(kind="mixed-small", G=16, act="none", dtype="bfloat16",
-                                       times_ms=dict(ours_fwd=t, loop_fwd={"ms": 2.0}, ours_step=t,
-                                                     loop_step={"ms": 3.0}, ours_nocache_step={"ms": 1.5}),
-                                       rel_err_vs_loop=dict(y=1e-3, grads=2e-3), errors={"ours_graph": "x"}),
-                                  dict(kind="mixed", G=4, act="none", dtype="bfloat16", error="boom")],
-                  layer_norm=[dict(kind="large", G=8, times_ms=dict(ours_fwd=t), pct_copy_fwd=70.0)],
-                  skipped=[["gl", "mixed", 64, "bfloat16"]], stopped="budget")
-    out = bench.make_table(report)
-    assert "mixed-small" in out and "3.00" in out and "FAILED: boom" in out and "skipped" in out

@@ -5,7 +5,7 @@ import warnings
 import pytest
 import torch
 
-from kernels_testutil import GPU_TOL, HAS_CUDA, K, check_gl, check_ln, make_gl, make_ln
+from kernels_testutil import GPU_TOL, HAS_CUDA, K, check_gl, check_ln, gl_eager, gl_kernel, ln_kernel, make_gl, make_ln, plans, tables
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")]
 
@@ -111,18 +111,17 @@ def test_steady_state_reuses_tables_gpu():
     addresses. On the H200 with torch 2.11 (2026-11-30) it alternated between two sets of
     addresses: 16 uploads and 8 hits over 6 steps, so the test asserts reuse, not zero
     uploads."""
-    eager = K.eager  # the eager path's device-table counters
     dims = [(256, 64, 32), (128, 32, 64), (64, 16, 16)]
     xs, ws, bs = make_gl(dims, torch.bfloat16, device="cuda", seed=6)
     lws = [torch.ones(n, device="cuda", dtype=torch.bfloat16, requires_grad=True) for m, k, n in dims]
     gys = [torch.randn(m, n, device="cuda", dtype=torch.bfloat16) for m, k, n in dims]
     _gl_ln_step(xs, ws, bs, lws, gys)
-    eager._dt.reset_stats()
+    tables.reset_stats()
     for _ in range(6):
         out = _gl_ln_step(xs, ws, bs, lws, gys)
         del out
     torch.cuda.synchronize()
-    st = eager._dt.stats()
+    st = tables.stats()
     assert st["hits"] >= 1 and st["uploads"] + st["hits"] >= 18, st
 
 
@@ -145,8 +144,6 @@ def test_fp32_precision_follows_torch_tf32_flag_gpu(tf32):
 # ------------------------------------------------------------------------------------------------
 # kernel review (2026-12-01, session 4): what only a compiled kernel on a GPU can show
 # ------------------------------------------------------------------------------------------------
-_ops = __import__(K.__name__ + ".ops", fromlist=["ops"])
-_eager = __import__(K.__name__ + ".eager", fromlist=["eager"])
 
 
 @pytest.mark.parametrize("tf32", [False, True])
@@ -181,7 +178,7 @@ def test_grouped_linear_member_just_below_int32_limit_gpu():
     big = torch.randn(M, Kd, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
     small = torch.randn(64, Kd, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
     ws = [(torch.randn(N, Kd, device="cuda", generator=g) / 8).to(torch.bfloat16).requires_grad_() for _ in range(2)]
-    _ops.set_gl_route("triton")
+    gl_eager.set_gl_route("triton")
     try:
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
@@ -190,7 +187,7 @@ def test_grouped_linear_member_just_below_int32_limit_gpu():
         gy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16, generator=g)
         dx, dw = torch.autograd.grad(ys[1], [big, ws[1]], gy)
     finally:
-        _ops.set_gl_route(None)
+        gl_eager.set_gl_route(None)
     tail = slice(M - 4096, M)
     with torch.no_grad():
         assert _rel(ys[1][tail], big[tail].float() @ ws[1].float().t()) < 1e-2
@@ -204,22 +201,22 @@ def test_member_past_int32_limit_runs_plain_torch_gpu():
     """2**31 + 1024 elements in one member's x: the eager path and the packed op both take the
     plain-torch path (with a warning) instead of launching kernels whose int32 offsets would wrap."""
     M, Kd, N = 2 ** 25 + 16, 64, 8
-    _ops.clear_eager_caches()  # the warnings come once per plan / signature
-    _eager._glk()._SIGS.clear()
+    plans.clear_eager_caches()  # the warnings come once per plan / signature
+    gl_kernel()._SIGS.clear()
     g = torch.Generator(device="cuda").manual_seed(8)
     big = torch.randn(M, Kd, device="cuda", dtype=torch.bfloat16, generator=g)
     small = torch.randn(64, Kd, device="cuda", dtype=torch.bfloat16, generator=g)
     ws = [torch.randn(N, Kd, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2)]
-    _ops.set_gl_route("triton")
+    gl_eager.set_gl_route("triton")
     try:
         with pytest.warns(RuntimeWarning, match="int32 indexing"):
             ys = K.grouped_linear([small, big], ws, None)
     finally:
-        _ops.set_gl_route(None)
+        gl_eager.set_gl_route(None)
     tail = slice(M - 4096, M)
     assert _rel(ys[1][tail], torch.nn.functional.linear(big[tail], ws[1])) < 1e-2
     with pytest.warns(RuntimeWarning, match="int32 indexing"):
-        y, _ = torch.ops.optimus.grouped_linear(_ops.pack([small, big]), _ops.pack(ws), None, [64, M], [Kd, Kd],
+        y, _ = torch.ops.optimus.grouped_linear(K.pack([small, big]), K.pack(ws), None, [64, M], [Kd, Kd],
                                                 [N, N], "none")
     assert _rel(y[-4096 * N:].view(4096, N), torch.nn.functional.linear(big[tail], ws[1])) < 1e-2
     del big, y, ys
@@ -301,7 +298,7 @@ def test_packed_tables_are_per_stream_gpu():
 def test_captured_graph_survives_signature_cache_clear_gpu():
     """A CUDA graph that captured the packed ops reads their cached device tables at every replay;
     clearing the signature caches (they are cleared when full) must not free those tables."""
-    glk, lnk = _eager._glk(), _eager._lnk()
+    glk, lnk = gl_kernel(), ln_kernel()
     dev = "cuda"
     g = torch.Generator(device=dev).manual_seed(11)
     ms, ks, ns = [33, 70], [24, 40], [48, 16]
@@ -373,11 +370,11 @@ def test_tanh_activation_is_accurate_near_zero_gpu():
 
     z = tanh_points("cuda")
     w = torch.ones(1, 1, device="cuda")
-    _ops.set_gl_route("triton")
+    gl_eager.set_gl_route("triton")
     try:
         (y,) = K.grouped_linear([z[:, None]], [w], None, "tanh")
     finally:
-        _ops.set_gl_route(None)
+        gl_eager.set_gl_route(None)
     assert max_tanh_ulps(y[:, 0], z) <= 8
 
 

@@ -23,12 +23,10 @@ import weakref
 import pytest
 import torch
 
-from kernels_testutil import K, REPO, TOL, check_gl, check_ln, interpret, interpreter_only, interpreter_works, make_gl, make_ln, needs_triton  # noqa: F401
+from kernels_testutil import K, REPO, TOL, gl_eager, gl_kernel, kmod, ln_eager, ln_kernel, plans, tables, vendor, check_gl, check_ln, interpret, interpreter_only, interpreter_works, make_gl, make_ln, needs_triton  # noqa: F401
 
-ops = __import__(K.__name__ + ".ops", fromlist=["ops"])
-eager = __import__(K.__name__ + ".eager", fromlist=["eager"])
-routes = __import__(K.__name__ + ".routes", fromlist=["routes"])
-common = __import__(K.__name__ + "._common", fromlist=["_common"])
+routes = vendor
+common = kmod("runtime.backend")
 # the kernel modules read TRITON_INTERPRET when first imported: import them under the interpreter,
 # as every CPU test of this folder does (the TF32 test runs its own, compiled-mode, subprocess)
 pytestmark = [interpreter_only, needs_triton, pytest.mark.usefixtures("interpret")]
@@ -36,19 +34,19 @@ pytestmark = [interpreter_only, needs_triton, pytest.mark.usefixtures("interpret
 
 @pytest.fixture
 def fresh(monkeypatch):
-    ops.clear_eager_caches()
-    ops.set_gl_route(None)
+    plans.clear_eager_caches()
+    gl_eager.set_gl_route(None)
     monkeypatch.setattr(routes, "_table", {})  # no measured routing table: every call takes "triton"
     yield
-    ops.clear_eager_caches()
+    plans.clear_eager_caches()
 
 
 def _glk():
-    return eager._glk()
+    return gl_kernel()
 
 
 def _lnk():
-    return eager._lnk()
+    return ln_kernel()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -63,8 +61,8 @@ _TF32_SCRIPT = textwrap.dedent("""
         import optimus.kernels as K
     except Exception:
         import kernels as K
-    glk = importlib.import_module(K.__name__ + ".grouped_linear_kernel")
-    common = importlib.import_module(K.__name__ + "._common")
+    glk = importlib.import_module(K.__name__ + ".linear.kernel")
+    common = importlib.import_module(K.__name__ + ".runtime.backend")
     assert not glk._INTERPRET
     m = torch.backends.cuda.matmul
     has_new = hasattr(m, "fp32_precision")
@@ -186,8 +184,8 @@ def test_eager_grouped_linear_over_limit_runs_plain_torch(small_limits):
     with pytest.warns(RuntimeWarning, match="member 1 .* plain-torch"):
         check_gl(xs, ws, bs, "gelu", TOL[torch.float32])
     assert launched == []
-    plans = [p for p in eager._PLANS.values() if type(p) is eager._TorchPlan]
-    assert len(plans) == 1 and "member 1" in plans[0].reason
+    torch_plans = [p for p in plans.PLANS.values() if type(p) is plans.TorchPlan]
+    assert len(torch_plans) == 1 and "member 1" in torch_plans[0].reason
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the plan is cached: no second warning, still no launch
         K.grouped_linear(xs, ws, bs, "gelu")
@@ -203,7 +201,7 @@ def test_packed_grouped_linear_over_limit_runs_plain_torch(small_limits):
     launched = small_limits
     ms, ks, ns = [4, 20], [8, 8], [6, 5]
     xs, ws, bs = make_gl(list(zip(ms, ks, ns)), torch.float32, seed=4)
-    xp, wp, bp = (ops.pack([t.detach() for t in ts]).requires_grad_() for ts in (xs, ws, bs))
+    xp, wp, bp = (K.pack([t.detach() for t in ts]).requires_grad_() for ts in (xs, ws, bs))
     with pytest.warns(RuntimeWarning, match="plain-torch"):
         y, pre = torch.ops.optimus.grouped_linear(xp, wp, bp, ms, ks, ns, "silu")
         gy = torch.randn_like(y)
@@ -213,9 +211,9 @@ def test_packed_grouped_linear_over_limit_runs_plain_torch(small_limits):
                       for x, w, b in zip(xs, ws, bs)])
     torch.testing.assert_close(y, want)
     ref_grads = torch.autograd.grad(want, list(xs) + list(ws) + list(bs), gy)
-    torch.testing.assert_close(gx, ops.pack(ref_grads[:2]))
-    torch.testing.assert_close(gw, ops.pack(ref_grads[2:4]))
-    torch.testing.assert_close(gb, ops.pack(ref_grads[4:]))
+    torch.testing.assert_close(gx, K.pack(ref_grads[:2]))
+    torch.testing.assert_close(gw, K.pack(ref_grads[2:4]))
+    torch.testing.assert_close(gb, K.pack(ref_grads[4:]))
 
 
 @interpreter_works
@@ -227,18 +225,18 @@ def test_layer_norm_over_limit_runs_plain_torch(small_limits):
         check_ln(xs, ws, bs, TOL[torch.float32])
     assert launched == []
     rows, widths = [r for r, d in dims], [d for r, d in dims]
-    xp = ops.pack([x.detach() for x in xs]).requires_grad_()
-    wp, bp = (ops.pack([t.detach() for t in ts]).requires_grad_() for ts in (ws, bs))
+    xp = K.pack([x.detach() for x in xs]).requires_grad_()
+    wp, bp = (K.pack([t.detach() for t in ts]).requires_grad_() for ts in (ws, bs))
     with pytest.warns(RuntimeWarning, match="plain-torch"):
         y, stats = torch.ops.optimus.batched_layer_norm(xp, wp, bp, rows, widths, 1e-5)
         gx, gw, gb = torch.autograd.grad(y, (xp, wp, bp), torch.ones_like(y))
     assert launched == []
     want = [torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b, 1e-5) for x, w, b in zip(xs, ws, bs)]
-    torch.testing.assert_close(y, ops.pack(want))
+    torch.testing.assert_close(y, K.pack(want))
     rg = torch.autograd.grad(want, list(xs) + list(ws) + list(bs), [torch.ones_like(t) for t in want])
-    torch.testing.assert_close(gx, ops.pack(rg[:2]))
-    torch.testing.assert_close(gw, ops.pack(rg[2:4]))
-    torch.testing.assert_close(gb, ops.pack(rg[4:]))
+    torch.testing.assert_close(gx, K.pack(rg[:2]))
+    torch.testing.assert_close(gw, K.pack(rg[2:4]))
+    torch.testing.assert_close(gb, K.pack(rg[4:]))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -246,7 +244,7 @@ def test_layer_norm_over_limit_runs_plain_torch(small_limits):
 # ------------------------------------------------------------------------------------------------
 @pytest.fixture
 def graph_keep(monkeypatch):
-    dt = eager._dt
+    dt = tables
     monkeypatch.setattr(dt, "_GRAPH_KEEP", {})
     state = {"capturing": False, "stream": 0}
     monkeypatch.setattr(dt, "capturing", lambda device: state["capturing"])
@@ -282,7 +280,7 @@ def test_device_tables_are_cached_per_stream(graph_keep):
 
 def test_cached_tables_used_during_capture_outlive_the_caches(graph_keep):
     cpu = torch.device("cpu")
-    dt = eager._dt
+    dt = tables
     for name, get, clear in _table_getters():
         t = get(cpu)                              # warm-up outside capture: cached
         graph_keep["capturing"] = True
@@ -300,12 +298,12 @@ def test_cached_tables_used_during_capture_outlive_the_caches(graph_keep):
 def test_eager_fill_buffers_used_during_capture_are_kept(graph_keep, fresh):
     xs, ws, bs = make_gl([(4, 8, 6), (3, 8, 5)], torch.float32, seed=6)
     bs[1] = None
-    plan = eager._GLPlan(xs, ws, bs, "none", False)
+    plan = gl_eager._GLPlan(xs, ws, bs, "none", False)
     z = plan.zero_bias(False)
-    assert plan.zero_bias(True) is z and id(z) in eager._dt._GRAPH_KEEP
-    lplan = eager._LNPlan([torch.zeros(3, 8), torch.zeros(2, 4)], [torch.ones(8), None], None, 1e-5, False)
+    assert plan.zero_bias(True) is z and id(z) in tables._GRAPH_KEEP
+    lplan = ln_eager._LNPlan([torch.zeros(3, 8), torch.zeros(2, 4)], [torch.ones(8), None], None, 1e-5, False)
     one = lplan.fill(1.0, False)
-    assert lplan.fill(1.0, True) is one and id(one) in eager._dt._GRAPH_KEEP
+    assert lplan.fill(1.0, True) is one and id(one) in tables._GRAPH_KEEP
 
 
 # ------------------------------------------------------------------------------------------------
@@ -339,7 +337,7 @@ def test_device_guard_switches_only_when_the_tensors_are_elsewhere(monkeypatch):
 def test_every_launcher_goes_through_the_device_guard(monkeypatch, fresh):
     """Each kernel launch of the three families runs inside ``device_guard(<tensors' device>)``."""
     glk, lnk = _glk(), _lnk()
-    ebk = __import__(K.__name__ + ".grouped_embedding_bag_kernel", fromlist=["x"])
+    ebk = kmod("embedding_bag.kernel")
     seen = []
 
     def recorder(device):

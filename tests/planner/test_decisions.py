@@ -75,3 +75,30 @@ def test_graphs_that_write_inputs_or_have_data_dependent_shapes_are_not_tuned():
     finally:
         torch._dynamo.config.capture_dynamic_output_shape_ops = False
     assert "data-dependent shapes" in (why_not_tunable(nz, [torch.randn(5)], mutates_inputs=False) or "")
+
+
+def test_a_graph_with_symbolic_sizes_is_not_tuned():
+    """Tuning under dynamic shapes declines with its reason (the trial compiles cannot
+    re-create Dynamo's size symbols); the cost model plans, and nothing is said to fall back."""
+    import optimus
+
+    class Towers(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.towers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(4))
+
+        def forward(self, x):
+            return torch.cat([t(p) for t, p in zip(self.towers, torch.split(x, 8, 1))], 1)
+
+    torch._dynamo.reset()
+    model = Towers()
+    compiled = optimus.compile(model, dynamic=True, tune=True)
+    for batch in (16, 24):
+        x = torch.randn(batch, 32, requires_grad=True)
+        out = compiled(x)
+        torch.testing.assert_close(out, model(x))
+        out.sum().backward()
+    notes = compiled.optimus_report.notes
+    assert any("not tuned: symbolic sizes" in n for n in notes), notes
+    assert not any("could not be timed" in n or "compiled again" in n for n in notes), notes
+    assert not any(g.discarded for g in compiled.optimus_report.graphs)

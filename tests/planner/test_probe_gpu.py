@@ -10,7 +10,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 def test_probe_leaves_little_allocated():
     """What the probe leaves allocated is at most one side stream's cuBLAS workspaces (H200,
-    torch 2.11: 64 MiB; it left 128 MiB with a fresh stream per probe matmul, run 8)."""
+    torch 2.11: 64 MiB; a fresh stream per probe matmul would leave 128 MiB)."""
     dev = torch.device("cuda")
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated(dev)

@@ -1,4 +1,4 @@
-"""Gradients in the parameters' layout (issue 15 item 4): after the batched rewrite of
+"""Gradients in the parameters' layout: after the batched rewrite of
 identical linears (stack + bmm), each weight gradient arrives with its parameter's strides,
 so AccumulateGrad takes it as it is instead of launching a copy per parameter."""
 

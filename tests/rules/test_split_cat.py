@@ -213,8 +213,8 @@ def _saved_for_backward(passes):
 
 
 def test_canonical_splits_leave_what_the_partitioner_saves_as_it_was(level):
-    # splitcat training, H200 run 38: with this rule spelling splits as lists, the partitioner
-    # saved every chunk's results next to the round's cat they are views of (m1.43)
+    # splitcat training on the H200: with this rule spelling splits as lists, the partitioner
+    # saves every chunk's results next to the round's cat they are views of (m1.43)
     if level != "torch_ir":
         pytest.skip("the partitioner runs after Torch-IR")
     plain = _saved_for_backward("none")
