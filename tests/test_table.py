@@ -35,11 +35,34 @@ def test_bytes_have_readable_units():
 
 
 def test_no_printer_hand_pads_columns():
-    """Tables go through format_table: no f-string column padding left in the package's printers."""
-    padded = re.compile(r"\{[^{}]*:[<>]\d+\}")
+    """Tables go through format_table: no f-string aligned to a column width (``{x:>8}``,
+    ``{name:<20s}``) is left in the package's printers, the kernel benchmarks' included."""
+    padded = re.compile(r"\{[^{}]*:[<>]\d+s?\}")
     offenders = []
     for path in sorted((ROOT / "optimus").rglob("*.py")):
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if padded.search(line):
                 offenders.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_kernel_benchmark_tables_render():
+    """The GPU benchmarks' tables, from made-up reports (the figures need a GPU; the layout does not)."""
+    from optimus.bench.kernels import embedding_bag, grouped
+
+    report = {"date": "d", "gpu": "g", "torch": "t", "triton": "x", "ceilings": {},
+              "grouped_linear": [{"kind": "uniform", "act": "none", "dtype": "bfloat16", "G": 8,
+                                  "times_ms": {"ours_fwd": {"ms": 0.1}, "loop_fwd": {"ms": 0.5}},
+                                  "rel_err_vs_loop": {"y": 1e-3, "grads": 2e-3}},
+                                 {"kind": "hetero", "act": "relu", "dtype": "float32", "G": 4, "error": "boom"}],
+              "layer_norm": [{"kind": "ln", "G": 8, "times_ms": {"ours_fwd": {"ms": 0.25}}, "rel_err_vs_loop": {}}]}
+    lines = grouped.make_table(report).splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("case "))
+    assert lines[head].split()[:4] == ["case", "G", "|", "fwd"]
+    assert lines[head + 2].split()[:6] == ["uniform", "8", "|", "0.100", "0.500", "5.00"]
+    assert "hetero+relu/float32" in lines[head + 3] and "FAILED: boom" in lines[head + 3]
+    text = embedding_bag.make_table({"date": "d", "gpu": "g", "torch": "t", "triton": "x", "copy_GBps": 3000.0,
+                                     "cases": [{"case": "c", "T": 8, "B": 512, "L": 4, "fwd_ours": 0.1, "fwd_loop": 0.5},
+                                               {"case": "bad", "error": "oops"}]})
+    rows = text.splitlines()
+    assert rows[-2].split()[:8] == ["c", "8", "512", "4", "|", "0.100", "0.500", "5.00"] and rows[-1] == "bad   ERROR oops"
