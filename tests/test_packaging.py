@@ -68,6 +68,17 @@ def test_torch_range_is_the_tested_one():
     assert f"torch {OLDEST} to {NEWEST}" in readme
 
 
+def test_readme_installs_anywhere():
+    """The set-up names PyTorch's CPU index (PyPI's Linux torch is the multi-GB CUDA build),
+    says what to do on a CUDA machine, and keeps its two commands: install + demo, the tests."""
+    readme = (ROOT / "README.md").read_text()
+    setup = readme.split("## Set-up", 1)[1].split("\n## ", 1)[0]
+    assert ('pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu && pip install -e ".[dev]" '
+            "&& optimus demo") in setup
+    assert "python -m pytest -q" in setup
+    assert "On a CUDA machine" in setup and "Triton comes with torch's CUDA build" in setup
+
+
 def test_type_marker_ships():
     assert (ROOT / "optimus" / "py.typed").is_file()
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
