@@ -67,7 +67,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
     model, inputs, what = _explain_target(args)
     as_json, _ = json_targets(args)
-    if not as_json:
+    if not as_json and args.model is not None:  # a model of the user's: say which
         print(f"model: {what}")
     if not args.graph:
         report = optimus.explain(model, *inputs, passes=args.passes, print_report=not as_json)

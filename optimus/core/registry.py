@@ -16,9 +16,10 @@ through ``@optimus.rule``). ``resolve(passes)`` turns what a user wrote into a
 * a rule name: that rule, at every level it supports;
 * a list of the above (their union);
 * any of the above prefixed with ``-`` removes what that name selects, whatever the
-  order (``-vertical`` / ``-horizontal``: the rules of that kind, not the canonicalizations): ``["auto", "-merge_splits"]``, ``"all,-horizontal"``, ``{"aten_ir": ["auto",
-  "-batch_mm"]}`` (the planner stays on where the rest is ``"auto"``); a selection of
-  exclusions alone is an error (name what to exclude from);
+  order (``-vertical`` / ``-horizontal``: the rules of that kind, not the
+  canonicalizations): ``["auto", "-merge_splits"]``, ``"all,-horizontal"``,
+  ``{"aten_ir": ["auto", "-batch_mm"]}`` (the planner stays on where the rest is
+  ``"auto"``); a selection of exclusions alone is an error (name what to exclude from);
 * a dict per level: ``{"torch_ir": "vertical", "aten_ir": ["split_cat_to_identity"],
   "inductor_ir": "none"}``; a level's value may also be ``{rule_name: {option: value}}``
   to pass per-rule options; the key ``"options"`` holds driver options
