@@ -232,6 +232,118 @@ def kernel_profile(step_fn: Callable[[], Any], device: str | torch.device, top: 
     }
 
 
+# Where a training step's host time goes, by the profiler ranges torch records (each part's
+# time is exclusive of the parts nested in it).
+SPLIT_PARTS = ("graphs", "compiled_wrappers", "guards", "autograd", "optimizer", "other")
+_GRAPH_CALL = "## Call CompiledFxGraph"  # the generated code of one compiled graph (its launches)
+_WRAPPERS = ("Torch-Compiled Region", "CompiledFunctionBackward")  # Dynamo's and AOTAutograd's Python around it
+_GUARDS = "TorchDynamo Cache Lookup"  # guard evaluation before a compiled frame runs
+_OPTIMIZER = ("Optimizer.step#", "Optimizer.zero_grad#")
+_ENGINE = "autograd::engine::evaluate_function: "
+_STEP = "optimus.step"
+
+
+def time_split(step_fn: Callable[[], Any], device: str | torch.device = "cpu", steps: int = 5, warmup: int = 3) -> dict[str, Any]:
+    """Where one step's time goes, averaged over ``steps`` profiled steps, in ms per step.
+
+    ``wall_ms``: the step as the profiler saw it on the host (inflated by the profiler;
+    compare parts within a row, and ``step_ms`` from the unprofiled timing across rows);
+    ``device_busy_ms``: the sum of the GPU kernels' times (0 on the CPU); ``host_ms``: the
+    wall time by part, each exclusive of the parts inside it:
+
+    * ``graphs``: the generated code of the compiled graphs (forward and backward), which
+      launches their kernels (under CUDA graphs: replays them);
+    * ``compiled_wrappers``: Dynamo's and AOTAutograd's Python around those calls;
+    * ``guards``: Dynamo's guard evaluation (cache lookup) before each compiled frame;
+    * ``autograd``: the autograd engine's work outside the compiled backward
+      (``AccumulateGrad`` of every parameter, backward of ops outside the graphs);
+    * ``optimizer``: ``step`` and ``zero_grad``;
+    * ``other``: the rest (the caller's Python, the loss, allocations, the profiler's own).
+    """
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    dev = torch.device(device)
+    for _ in range(warmup):
+        step_fn()
+    synchronize(dev)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            with record_function(_STEP):
+                step_fn()
+            synchronize(dev)
+    events = list(prof.events())
+    cpu = [e for e in events if not _is_cuda_kernel(e) and getattr(e, "time_range", None) is not None]
+
+    def spans(pred: Callable[[str], bool]) -> list[tuple[float, float]]:
+        return _outermost([(e.time_range.start, e.time_range.end, _thread(e)) for e in cpu if pred(e.name or "")])
+
+    graphs = spans(lambda n: n.startswith(_GRAPH_CALL))
+    wrappers = spans(lambda n: n.startswith(_WRAPPERS))
+    guards = spans(lambda n: n == _GUARDS)
+    optimizer = spans(lambda n: n.startswith(_OPTIMIZER))
+    autograd = spans(lambda n: n.startswith(_ENGINE) and not n.endswith("CompiledFunctionBackward"))
+    per_step: dict[str, list[float]] = {k: [] for k in ("wall", *SPLIT_PARTS)}
+    for step in spans(lambda n: n == _STEP):  # each step alone: the medians shed an outlier step
+        within = [step]
+        parts = {
+            "graphs": _inside(graphs, within),
+            "compiled_wrappers": max(_inside(wrappers, within) - _inside(graphs, wrappers, within), 0.0),
+            "guards": _inside(guards, within),
+            "autograd": max(_inside(autograd, within) - _inside(graphs, autograd, within) - _inside(wrappers, autograd, within), 0.0),
+            "optimizer": _inside(optimizer, within),
+        }
+        parts["other"] = max(_length(within) - sum(parts.values()), 0.0)
+        per_step["wall"].append(_length(within))
+        for k, v in parts.items():
+            per_step[k].append(v)
+    device_us = sum(float(getattr(e, "device_time", None) or getattr(e, "cuda_time", 0.0) or 0.0) for e in events if _is_cuda_kernel(e))
+    med = {k: statistics.median(v) / 1e3 if v else 0.0 for k, v in per_step.items()}  # us -> ms
+    return {
+        "wall_ms": round(med["wall"], 4),
+        "device_busy_ms": round(device_us / 1e3 / max(steps, 1), 4),
+        "host_ms": {k: round(med[k], 4) for k in SPLIT_PARTS},
+        "steps": steps,
+    }
+
+
+def _thread(event: Any) -> Any:
+    return getattr(event, "thread", None)
+
+
+def _outermost(spans: list[tuple[float, float, Any]]) -> list[tuple[float, float]]:
+    """The spans not nested in another of the list (per thread), as (start, end)."""
+    out: list[tuple[float, float]] = []
+    by_thread: dict[Any, list[tuple[float, float]]] = {}
+    for start, end, thread in spans:
+        by_thread.setdefault(thread, []).append((start, end))
+    for items in by_thread.values():
+        items.sort(key=lambda se: (se[0], -se[1]))
+        last_end = float("-inf")
+        for start, end in items:
+            if start >= last_end:
+                out.append((start, end))
+                last_end = end
+    return out
+
+
+def _length(spans: list[tuple[float, float]]) -> float:
+    return sum(end - start for start, end in spans)
+
+
+def _inside(inner: list[tuple[float, float]], outer: list[tuple[float, float]], within: list[tuple[float, float]] | None = None) -> float:
+    """How much of ``inner``'s time lies inside ``outer``'s spans (and inside ``within``'s)."""
+    total = 0.0
+    for s, e in inner:
+        for os_, oe in outer:
+            lo, hi = max(s, os_), min(e, oe)
+            if within is not None:
+                lo, hi = max(lo, within[0][0]), min(hi, within[0][1])
+            if hi > lo:
+                total += hi - lo
+    return total
+
+
 def _is_cuda_kernel(event: Any) -> bool:
     dev_type = getattr(event, "device_type", None)
     if dev_type is None or "CUDA" not in str(dev_type):

@@ -58,6 +58,7 @@ def main() -> None:
     p.add_argument("--json", required=True)
     p.add_argument("--passes", action="append", default=[],
                    help="NAME=JSON: one more configuration, optimus.compile(passes=JSON) (a diagnosis)")
+    p.add_argument("--time-split", action="store_true", help="also profile where each configuration's step time goes")
     p.add_argument("--code", help="directory: each configuration's generated code of the first step")
     a = p.parse_args()
     for spec in a.passes:
@@ -123,6 +124,8 @@ def main() -> None:
                     rows[cfg]["peak_memory_bytes"], rows[cfg]["memory_method"], _ = _peak_memory(r.step, dev)
                 rows[cfg]["step_ms_rounds"] = [round(t, 4) for t in times[cfg]]
                 rows[cfg]["step_ms"] = statistics.median(times[cfg])
+                if a.time_split:  # where the step's time goes (optimus bench --time-split)
+                    rows[cfg]["time_split"] = measure.time_split(r.step, dev)
         for cfg in runners:
             # each configuration against Inductor under the same launch regime (CUDA graphs or not)
             base_cfg = "inductor-cudagraphs" if runners[cfg].cudagraphs else "inductor"

@@ -36,6 +36,14 @@ def main(out: str, paths: list[str]) -> None:
             ok = "ok" if (r.get("parity") or {}).get("ok") else "WRONG"
             line += f"  {s['median']:.2f}x [{s['min']:.2f}-{s['max']:.2f}] m{r.get('memory_vs_inductor', float('nan')):.2f} k{r.get('kernels', '?')} {ok}".rjust(36)
         print(line)
+    split = [(k, r) for k, r in sorted(rows.items()) if r.get("time_split")]
+    if split:  # --time-split: where each step's time goes, ms per step
+        parts = list(split[0][1]["time_split"]["host_ms"])
+        print(f"\n{'row':44s}{'step':>8s}{'device':>8s}{'prof.':>8s}" + "".join(f"{p[:9]:>10s}" for p in parts))
+        for k, r in split:
+            t = r["time_split"]
+            print(f"{k:44s}{r.get('step_ms', float('nan')):8.3f}{t['device_busy_ms']:8.3f}{t['wall_ms']:8.3f}"
+                  + "".join(f"{t['host_ms'][p]:10.3f}" for p in parts))
 
 
 if __name__ == "__main__":

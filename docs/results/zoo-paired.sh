@@ -10,7 +10,7 @@
 # Variables: MODE (infer or train), CONFIGS (bench configurations, Inductor first),
 # CONFIGS_<model> (that model's own list), MODELS, ROUNDS, LIMIT (seconds per model process),
 # ARGS_<model> (more arguments to that model's process, e.g. --passes NAME=JSON or --code DIR),
-# TAG (names the output), RUN_DIR (launchers given one RUN_DIR share its lock: an inference and
+# TAG (names the output), SPLIT (non-empty: also --time-split, where each step's time goes), RUN_DIR (launchers given one RUN_DIR share its lock: an inference and
 # a training launcher side by side). OPTIMUS_CUDAGRAPH_KERNELS=1 keeps the kernel-op rules and
 # packed weights on under CUDA graphs. Writes $OUT/$TAG-$MODE.json (merged) and
 # $TAG-$MODE-pieces.tgz (per-model JSON and logs), and prints the table last.
@@ -24,7 +24,7 @@ for m in $MODELS; do
   v=ARGS_$m; extra=${!v:-}
   v=CONFIGS_$m; configs=${!v:-$CONFIGS}
   timeout ${LIMIT:-520} python docs/results/gpu-paired.py --model $m --modes $MODE --configs $configs --rounds ${ROUNDS:-7} \
-      --lock $C/lock --json $OUT/paired-$m-$MODE.json $extra > $OUT/paired-$m-$MODE.log 2>&1 &
+      --lock $C/lock --json $OUT/paired-$m-$MODE.json ${SPLIT:+--time-split} $extra > $OUT/paired-$m-$MODE.log 2>&1 &
 done
 wait
 python docs/results/paired_table.py $OUT/$TAG-$MODE.json $OUT/paired-*-$MODE.json

@@ -3,7 +3,7 @@
     optimus bench --model NAME|MODULE:FACTORY|all --mode infer|train [--device cuda|cpu]
                   [--inputs SHAPES] [--suite zoo|external|all] [--size small|realistic]
                   [--configs a,b] [--json] [--json-out FILE] [--plot FILE] [--workers N]
-                  [--repeats R] [--tf32] [--dynamic]
+                  [--repeats R] [--tf32] [--dynamic] [--time-split]
 
 ``--model`` and ``--mode`` also take comma lists; ``--model all`` means every model of
 ``--suite`` (the zoo by default; ``external``: TorchRec and Hugging Face models,
@@ -70,6 +70,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the flag); accuracy is always judged with TF32 off (default: TF32 off throughout)")
     p.add_argument("--no-tf32", dest="tf32", action="store_false", help=argparse.SUPPRESS)  # the default now
     p.add_argument("--dynamic", action="store_true", help="compile with dynamic=True")
+    p.add_argument("--time-split", action="store_true",
+                   help="also profile where each row's step time goes: device busy time and host time by part "
+                        "(compiled graphs, their wrappers, guards, autograd, optimizer, other)")
     p.add_argument("--workers", type=int, default=1,
                    help="compile this many rows at a time in worker processes; timed sections still run one "
                         "at a time, under a lock (default 1: every row in this process, in order)")
@@ -151,7 +154,8 @@ def run_command(args: argparse.Namespace) -> int:
 
     opts = harness.BenchOptions(device=device, size=size, iters=args.iters, warmup=args.warmup,
                                 seed=args.seed, tf32=args.tf32, cold=args.cold, repeats=args.repeats,
-                                dynamic=args.dynamic, compile_threads=args.compile_threads, isolate=args.isolate)
+                                dynamic=args.dynamic, compile_threads=args.compile_threads, isolate=args.isolate,
+                                time_split=args.time_split)
     command = "optimus bench " + " ".join(shlex.quote(a) for a in _argv_for_record(args, device, size))
     data = results.load(json_path) if json_path else results.empty()
     this_run = results.empty()
@@ -254,6 +258,8 @@ def _argv_for_record(args: argparse.Namespace, device: str, size: str) -> list[s
         argv.append("--tf32")
     if args.dynamic:
         argv.append("--dynamic")
+    if args.time_split:
+        argv.append("--time-split")
     if args.workers != 1:
         argv += ["--workers", str(args.workers)]  # compile times depend on it
     if args.compile_threads is not None:

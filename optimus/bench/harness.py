@@ -65,6 +65,7 @@ class BenchOptions:
     workers: int = 1  # processes compiling concurrently (recorded in every row)
     compile_threads: int | None = None  # TORCHINDUCTOR_COMPILE_THREADS of each worker (None: Inductor's default)
     isolate: bool = False  # workers: no row builds, compiles or runs its first step while one is timed
+    time_split: bool = False  # profile where a step's time goes (measure.time_split) into row["time_split"]
 
     def tolerance(self, mode: str) -> float:
         """The accuracy rule's ``tol``: 1e-3 for CUDA training, else 1e-4."""
@@ -381,6 +382,8 @@ def run_config(
                                                 "so max_memory_allocated over a replay does not see it")
                     else:
                         row["peak_memory_bytes"], row["memory_method"], row["peak_memory_total_bytes"] = _peak_memory(runner.step, dev)
+                    if opts.time_split:
+                        row["time_split"] = measure.time_split(runner.step, dev)
             row["step_ms"] = ms
             if opts.repeats > 1:
                 row["step_ms_repeats"] = medians

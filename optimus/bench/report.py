@@ -96,7 +96,30 @@ def render(data: dict[str, Any]) -> str:
                 cells = row_cells(row, cfgs, cg)
                 cells[-1] = cells[-1].replace("FAIL", "**FAIL**")
                 out.append("| " + " | ".join([model, *cells]) + " |")
+    out += time_split_table(data)
     return "\n".join(out) + "\n"
+
+
+def time_split_table(data: dict[str, Any]) -> list[str]:
+    """Where each row's step time goes (rows measured with ``--time-split``), in ms per step:
+    device busy time, the profiled step, and its host time by part (``measure.time_split``)."""
+    from ..measure import SPLIT_PARTS
+
+    rows = [r for r in data["rows"].values() if r.get("status") == "ok" and r.get("time_split")]
+    if not rows:
+        return []
+    header = ["model", "mode", "config", "step ms", "device busy", "profiled step", *SPLIT_PARTS]
+    out = ["", "### Where the step time goes (ms per step)", "",
+           "Device busy: the GPU kernels' summed time. Profiled step: the host's view under the profiler "
+           "(inflated by it), split into the generated code of the compiled graphs, Dynamo's and AOTAutograd's "
+           "wrappers, guards, autograd outside the graphs, the optimizer and the rest.", "",
+           "| " + " | ".join(header) + " |", "|---|---|---|" + "---:|" * (len(header) - 3)]
+    for r in rows:
+        t = r["time_split"]
+        cells = [r["model"], r["mode"], r["config"], _fmt(r.get("step_ms"), ".3f"), _fmt(t["device_busy_ms"], ".3f"),
+                 _fmt(t["wall_ms"], ".3f"), *(_fmt(t["host_ms"].get(k), ".3f") for k in SPLIT_PARTS)]
+        out.append("| " + " | ".join(cells) + " |")
+    return out
 
 
 def _run_notes(data: dict[str, Any]) -> list[str]:

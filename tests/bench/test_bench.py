@@ -45,7 +45,7 @@ def infer_json(tmp_path_factory: pytest.TempPathFactory, infer_configs: list[str
     # --warm-cache: every graph is still compiled with its configuration's passes, but
     # compiled C++ kernels and headers are reused (cold caches cost minutes on CI's CPU).
     rc = cli.main(["--model", MODEL, "--mode", "infer", "--configs", ",".join(infer_configs), "--json", str(path),
-                   "--warm-cache", "--workers", "2", "--repeats", "2", *FAST])
+                   "--warm-cache", "--workers", "2", "--repeats", "2", "--time-split", *FAST])
     data = json.loads(path.read_text())
     data["_rc"] = rc
     return data
@@ -123,6 +123,9 @@ def test_report_renders(infer_json: dict, tmp_path) -> None:
     assert "| vs inductor-cudagraphs |" in text and "| dlrm | inductor-cudagraphs (n/a on cpu) |" in text
     assert "torch._dynamo.utils.same" in text and "2 concurrent worker processes" in text
     assert "| dlrm | eager |" in text and "ok (allclose) |" in text
+    # --time-split reached the workers: every row says where its step time went
+    assert all(set(r["time_split"]["host_ms"]) >= {"graphs", "other"} for r in data["rows"].values())
+    assert "### Where the step time goes" in text and "| dlrm | infer | optimus |" in text
     table = results.format_table(data)
     assert all(r["config"] in table for r in data["rows"].values())
     assert rows_without_fallbacks(data) and "safety net" not in text
