@@ -7,9 +7,14 @@ import json
 import sys
 from typing import Any, Sequence
 
+from .cli_json import add_json_arguments, emit, json_targets
+from .core.table import format_table
+from . import user_model
+from .user_model import INPUTS_HELP, SPEC_HELP
+
 
 def _passes_arg(value: str) -> Any:
-    """``auto`` / ``all`` / ``vertical`` / a comma list of names / a JSON dict per level."""
+    """``auto`` / ``all`` / ``vertical`` / a comma list of names (``-name`` leaves one out) / a JSON dict per level."""
     value = value.strip()
     if value.startswith("{"):
         return json.loads(value)
@@ -31,40 +36,54 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     if args.iters is not None:
         cfg.iters = args.iters
     configs = ("inductor", "upstream", "optimus-vertical", "optimus") if args.compare_upstream else ("inductor", "optimus")
-    result = run_demo(args.device, cfg, passes=args.passes, configs=configs, model_name=args.model)
-    print(json.dumps(result, indent=2) if args.json else format_demo(result))
+    result = run_demo(args.device, cfg, passes=args.passes, configs=configs, model_name=args.model,
+                      warm=not args.no_warm)
+    if not emit(result, args):
+        print(format_demo(result))
     ok = all(c["outputs_match"] for c in result["configs"].values())
     return 0 if ok else 1
 
 
-def _cmd_explain(args: argparse.Namespace) -> int:
+def _explain_target(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], str]:
+    """The model ``explain`` works on: the user's ``MODULE:FACTORY``, else the demo model."""
     import torch
 
-    import optimus
-
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.model is not None:
+        model, inputs = user_model.load(args.model, args.inputs, device)
+        return model, inputs, args.model
+    if args.inputs is not None:
+        raise ValueError("--inputs goes with a model of yours: optimus explain MODULE:FACTORY --inputs ...")
     from .tools.demo import DemoConfig, SplitCatDemo
 
     cfg = DemoConfig.small() if args.small else DemoConfig()
-    model = SplitCatDemo(cfg.features, cfg.width, cfg.rounds)
-    x = torch.randn(cfg.batch, cfg.features * cfg.width)
+    torch.manual_seed(0)
+    model = SplitCatDemo(cfg.features, cfg.width, cfg.rounds).to(device)
+    return model, (torch.randn(cfg.batch, cfg.features * cfg.width, device=device),), "the built-in demo model"
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    import optimus
+
+    model, inputs, what = _explain_target(args)
+    as_json, _ = json_targets(args)
+    if not as_json and args.model is not None:  # a model of the user's: say which
+        print(f"model: {what}")
     if not args.graph:
-        report = optimus.explain(model, x, passes=args.passes, print_report=not args.json)
-        if args.json:
-            print(report.to_json())
+        report = optimus.explain(model, *inputs, passes=args.passes, print_report=not as_json)
+        emit(report.to_dict(), args)
         return 0
     from .graph_pictures import recording
 
     with recording(args.graph) as pictures:
-        report = optimus.explain(model, x, passes=args.passes, print_report=False)
+        report = optimus.explain(model, *inputs, passes=args.passes, print_report=False)
     result = pictures.result
     assert result is not None
     if result.message:  # e.g. Graphviz missing: said on stderr, the rest of the output as usual
         print(f"optimus explain --graph: {result.message}", file=sys.stderr)
-    if args.json:
-        data = report.to_dict()
-        data["pictures"] = {"directory": result.directory, "files": result.files, "message": result.message}
-        print(json.dumps(data, indent=2, default=str))
-    else:
+    data = report.to_dict()
+    data["pictures"] = {"directory": result.directory, "files": result.files, "message": result.message}
+    if not emit(data, args):
         print(report.table())
         print()
         print(result.note)
@@ -75,28 +94,38 @@ def _cmd_rules(args: argparse.Namespace) -> int:
     import optimus
 
     if args.upstream:
-        return _print_upstream_names(args.json)
+        return _print_upstream_names(args)
     rules = optimus.list_rules(args.level)
     if args.markdown:
         print(rules_markdown(rules))
         return 0
-    if args.json:
-        print(json.dumps([{"name": r.name, "kind": r.kind, "levels": list(r.levels), "anchors": list(r.anchors), "priority": r.priority, "options": r.option_defaults()} for r in rules], indent=2, default=repr))
+    data = [{"name": r.name, "kind": r.kind, "levels": list(r.levels), "anchors": list(r.anchors), "priority": r.priority,
+             "options": {k: v if isinstance(v, (bool, int, float, str, type(None))) else repr(v) for k, v in r.option_defaults().items()},
+             "summary": _summary(r)} for r in rules]
+    if emit(data, args):
         return 0
-    print(f"{'rule':<36}{'kind':<14}{'levels':<22}{'anchor':<22}")
-    for r in rules:
-        summary = (r.doc.splitlines() or [""])[0]
-        print(f"{r.name:<36}{r.kind:<14}{','.join(r.levels):<22}{'|'.join(r.anchors):<22}{summary}")
+    rows = [[r.name, r.kind, ",".join(r.levels), _anchors(r), _summary(r)] for r in rules]
+    print(format_table(["rule", "kind", "levels", "anchor", "summary"], rows))
     return 0
 
 
-def _print_upstream_names(as_json: bool) -> int:
-    from .core.report import format_table
+def _anchors(rule: Any, most: int = 3) -> str:
+    """The rule's anchor ops; past ``most``, the count of the rest (``--json`` lists them all)."""
+    shown = "|".join(rule.anchors[:most])
+    return shown + (f"|+{len(rule.anchors) - most} more" if len(rule.anchors) > most else "")
+
+
+def _summary(rule: Any) -> str:
+    """The first line of a rule's docstring."""
+    return (rule.doc.strip().splitlines() or [""])[0]
+
+
+def _print_upstream_names(args: argparse.Namespace) -> int:
     from .core.upstream_names import UPSTREAM_PASSES
 
-    if as_json:
-        print(json.dumps([{"name": p.name, "option": p.option, "level": p.level, "rules": list(p.rules),
-                           "implemented": p.implemented, "note": p.instead or p.note} for p in UPSTREAM_PASSES.values()], indent=2))
+    data = [{"name": p.name, "option": p.option, "level": p.level, "rules": list(p.rules),
+             "implemented": p.implemented, "note": p.instead or p.note} for p in UPSTREAM_PASSES.values()]
+    if emit(data, args):
         return 0
     rows = [[p.name, p.level, ", ".join(p.rules) if p.rules else ("(nothing)" if p.implemented else "not implemented")]
             for p in UPSTREAM_PASSES.values()]
@@ -129,26 +158,36 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="plain Inductor vs Inductor + Optimus on a built-in split/cat-heavy model")
     demo.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda if available, else cpu")
-    demo.add_argument("--passes", type=_passes_arg, default="auto", help="auto (the default: the planner chooses), a preset (all, vertical, ...), comma list of names, or JSON dict per level")
+    demo.add_argument("--passes", type=_passes_arg, default="auto",
+                      help="auto (the default: the planner chooses), a preset (all, vertical, ...), a comma list of "
+                           "names (a name after '-' is left out: auto,-merge_splits), or a JSON dict per level")
     demo.add_argument("--small", action="store_true", help="a tiny model (seconds), for smoke tests")
     demo.add_argument("--iters", type=int, default=None, help="timed steps (default 30)")
-    demo.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    add_json_arguments(demo, "the measurements")
+    demo.add_argument("--no-warm", action="store_true",
+                      help="skip the warm-up compile (the first configuration then also pays the process's one-time start-up)")
     demo.add_argument("--compare-upstream", action="store_true",
                       help="also Inductor with upstream PyTorch's Optimus options, and Optimus' vertical rules alone")
     demo.add_argument("--model", default=None, help="a zoo model instead of the built-in demo model (e.g. splitcat)")
     demo.set_defaults(func=_cmd_demo)
 
-    explain = sub.add_parser("explain", help="compile the demo model and print what each rule did")
+    explain = sub.add_parser("explain", help="compile a model (yours, or the demo model) and print what each rule did",
+                             description="Compile a model with Optimus, run it once and print what each rule did. "
+                                         "MODEL is MODULE:FACTORY, a function of yours returning an nn.Module or "
+                                         "(module, example_inputs); without it, the built-in demo model.")
+    explain.add_argument("model", nargs="?", default=None, metavar="MODEL", help=SPEC_HELP + " (default: the built-in demo model)")
+    explain.add_argument("--inputs", default=None, help=INPUTS_HELP)
+    explain.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda if available, else cpu")
     explain.add_argument("--passes", type=_passes_arg, default="auto", help="as for demo (default auto)")
-    explain.add_argument("--small", action="store_true")
-    explain.add_argument("--json", action="store_true")
+    explain.add_argument("--small", action="store_true", help="the demo model's small size")
+    add_json_arguments(explain, "the report")
     explain.add_argument("--graph", metavar="DIR", default=None,
                          help="write before/after pictures of each graph per level to DIR (SVG with Graphviz, else DOT)")
     explain.set_defaults(func=_cmd_explain)
 
     rules = sub.add_parser("rules", help="list registered rules")
     rules.add_argument("--level", choices=["torch_ir", "aten_ir", "inductor_ir"], default=None)
-    rules.add_argument("--json", action="store_true")
+    add_json_arguments(rules, "the catalogue")
     rules.add_argument("--markdown", action="store_true", help="the rule catalogue as markdown (docs/rules.md)")
     rules.add_argument("--upstream", action="store_true",
                        help="upstream PyTorch's pass names and the Optimus rules each one selects")

@@ -36,7 +36,7 @@ from .aten_ir.view import graph_kind
 from .core.runner import optimize_graph
 from .core.snapshot import restore, snapshot
 from .core.passkey import UuidKeyed
-from .core.registry import AUTO, PassConfig, resolve
+from .core.registry import AUTO, PassConfig, exclude_rules, resolve
 from .core import upstream_names
 from .core.report import Report
 from .planner import plan as planner_plan
@@ -322,7 +322,7 @@ class Session:
     def _candidate_config(self, plan: str, context: "planner_plan.Context") -> PassConfig:
         if plan == AUTO:
             return self._planned_config(context)
-        return dataclasses.replace(resolve(plan), spec=f"{AUTO}:{plan}")
+        return dataclasses.replace(exclude_rules(resolve(plan), self.base_config.excluded), spec=f"{AUTO}:{plan}")
 
     def _compile(self, gm: fx.GraphModule, example_inputs: list[Any], options: dict[str, Any], user: dict[str, Any], plain: dict[str, Any]) -> Callable[..., Any]:
         if not self.levels():
@@ -432,9 +432,11 @@ def make_backend(passes: Any = DEFAULT_PASSES, mode: str | None = None, options:
     def optimus_backend(gm: fx.GraphModule, example_inputs: list[Any], mode: str | None = None, options: dict[str, Any] | None = None) -> Callable[..., Any]:
         _, _, options = _split_options(options)
         extra = compat.mode_options(mode, options, dynamic)
+        _remember(session.report)
         return session.compile(gm, example_inputs, {**base, **extra})
 
     optimus_backend.session = session  # type: ignore[attr-defined]
+    optimus_backend.report = session.report  # type: ignore[attr-defined]  # this backend's graphs only
     return optimus_backend
 
 
@@ -451,7 +453,9 @@ def optimus_backend(gm: fx.GraphModule, example_inputs: list[Any], mode: str | N
     passes (default ``"auto"``: the planner chooses; or a preset such as ``"all"``) and ``"optimus_tune"``
     (with ``"auto"``: measure the candidate plans per graph). Graphs compiled through the registered backend with the
     same passes share one session; its report (``optimus.last_report()``) accumulates
-    every graph compiled this way.
+    every graph compiled this way. The object ``torch.compile`` returns carries no report
+    (a backend never sees it); for one model's own report use ``optimus.compile`` or
+    ``backend = optimus.make_backend(...)`` and ``backend.report``.
     """
     passes, tune, options = _split_options(options)
     config = resolve(passes if passes is not None else DEFAULT_PASSES)
@@ -470,7 +474,9 @@ def _remember(report: Report) -> None:
 
 
 def last_report() -> Report | None:
-    """The report of the most recent ``optimus.compile``/``optimize``/backend compile."""
+    """The report of the most recent ``optimus.compile``/``optimize``/``explain`` call or
+    backend compile: through ``torch.compile(m, backend="optimus")``, the registered
+    backend's report for those options (every graph compiled that way in this process)."""
     return _LAST[0] if _LAST else None
 
 
@@ -525,8 +531,11 @@ def compile(model: Any, passes: Any = DEFAULT_PASSES, tune: bool = False, pack_p
             report.notes.append(f"pack_parameters failed ({type(e).__name__}: {e}); compiled without packing what was left")
     compiled = torch.compile(model, backend=backend, **torch_compile_kwargs)
     try:
-        compiled.optimus_report = report
-    except AttributeError:  # pragma: no cover - objects that refuse attributes
+        # On the compiled object itself: torch.compile's module wrapper forwards attribute
+        # writes to the wrapped model, where a later torch.compile(model) would read it back
+        # as if it were its own report.
+        object.__setattr__(compiled, "optimus_report", report)
+    except (AttributeError, TypeError):  # pragma: no cover - objects that refuse attributes
         pass
     return compiled
 

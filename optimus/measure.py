@@ -16,6 +16,7 @@ not launches), so it is not used.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import resource
 import statistics
@@ -137,6 +138,54 @@ def _is_aliasing(op: Any) -> bool:
     return any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
 
 
+# What the profiler library (Kineto) itself writes to the process's stderr at every start and stop
+_PROFILER_CHATTER = re.compile(r"^(USDT|STAGE):.*(profiler_start|profiler_stop|Completed Stage)")
+
+
+@contextlib.contextmanager
+def profiler_chatter_captured() -> Any:
+    """Hold back what native code writes to stderr while the block runs.
+
+    Kineto, the profiler's native library, prints ``profiler_start`` / ``profiler_stop``
+    lines straight to file descriptor 2, which lands in the middle of a progress bar.
+    The descriptor is pointed at a temporary file for the block; Kineto's own lines are
+    dropped afterwards and anything else is written back through the progress bar's
+    writer (tqdm's, when a bar is showing), so nothing else is lost.
+    """
+    import tempfile
+
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no usable descriptor 2: nothing to protect
+        yield
+        return
+    with tempfile.TemporaryFile(mode="w+b") as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            text = held.read().decode(errors="replace")
+    kept = "".join(line for line in text.splitlines(keepends=True) if not _PROFILER_CHATTER.match(line))
+    if kept:
+        _write_stderr(kept)
+
+
+def _write_stderr(text: str) -> None:
+    """``text`` on stderr, around any tqdm progress bar rather than inside it."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        sys.stderr.write(text)
+        return
+    with tqdm.external_write_mode(file=sys.stderr):
+        sys.stderr.write(text)
+    sys.stderr.flush()
+
+
 def count_kernels(step_fn: Callable[[], Any], device: str | torch.device = "cpu") -> int:
     """Kernels launched by one call of an already warmed-up step function.
 
@@ -149,7 +198,7 @@ def count_kernels(step_fn: Callable[[], Any], device: str | torch.device = "cpu"
         from torch.profiler import ProfilerActivity, profile
 
         synchronize(dev)
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with profiler_chatter_captured(), profile(activities=[ProfilerActivity.CUDA]) as prof:
             step_fn()
             synchronize(dev)
         events = [e for e in prof.events() if _is_cuda_kernel(e)]
@@ -167,7 +216,7 @@ def kernel_profile(step_fn: Callable[[], Any], device: str | torch.device, top: 
 
     dev = torch.device(device)
     synchronize(dev)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profiler_chatter_captured(), profile(activities=[ProfilerActivity.CUDA]) as prof:
         step_fn()
         synchronize(dev)
     by_name: dict[str, list[float]] = {}
@@ -398,7 +447,7 @@ def peak_tensor_memory(step_fn: Callable[[], Any]) -> int | None:
     from torch.profiler import ProfilerActivity, profile
 
     try:
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with profiler_chatter_captured(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             step_fn()
         cpu = torch.autograd.DeviceType.CPU
         events = [

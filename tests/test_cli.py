@@ -15,20 +15,6 @@ def test_help_lists_subcommands(capsys):
         assert cmd in out
 
 
-def test_demo_json_shape(capsys):
-    assert main(["demo", "--small", "--json", "--device", "cpu", "--iters", "2"]) == 0
-    result = json.loads(capsys.readouterr().out)
-    assert isinstance(result["device"], str) and isinstance(result["torch"], str)
-    for name in ("inductor", "optimus"):
-        cfg = result["configs"][name]
-        assert isinstance(cfg["kernels"], int) and isinstance(cfg["median_ms"], float)
-        assert cfg["outputs_match"] is True
-    opt, ind = result["configs"]["optimus"], result["configs"]["inductor"]
-    assert opt["kernels"] < ind["kernels"]
-    assert opt["nodes"]["torch_ir"]["after"] < opt["nodes"]["torch_ir"]["before"]
-    assert opt["errors"] == []
-
-
 def test_rules_listing(capsys):
     assert main(["rules", "--json"]) == 0
     rules = json.loads(capsys.readouterr().out)

@@ -1,16 +1,21 @@
 """The ``bench`` subcommand.
 
-    optimus bench --model NAME|all --mode infer|train [--device cuda|cpu]
-                  [--suite zoo|external|all] [--size small|realistic] [--configs a,b]
-                  [--json FILE] [--plot FILE] [--workers N] [--repeats R] [--tf32] [--dynamic] [--time-split]
+    optimus bench --model NAME|MODULE:FACTORY|all --mode infer|train [--device cuda|cpu]
+                  [--inputs SHAPES] [--suite zoo|external|all] [--size small|realistic]
+                  [--configs a,b] [--json] [--json-out FILE] [--plot FILE] [--workers N]
+                  [--repeats R] [--tf32] [--dynamic] [--time-split]
 
 ``--model`` and ``--mode`` also take comma lists; ``--model all`` means every model of
 ``--suite`` (the zoo by default; ``external``: TorchRec and Hugging Face models,
-``optimus.bench.external``). An external model whose library is not installed gets a
+``optimus.bench.external``). ``--model MODULE:FACTORY`` benchmarks a model of yours
+(``optimus.user_model``: the factory returns the module, or the module and its example
+inputs; ``--inputs`` gives them otherwise); it must return one tensor, and training
+minimizes the mean of its square. An external model whose library is not installed gets a
 ``skipped`` line in the table (never an error); when every model asked for is skipped
-the command fails with a message naming the extras to install. ``--json`` merges into an existing
-file, keyed by model/mode/config, and is rewritten after every row, so runs made in
-pieces (or cut short) accumulate into one file. ``--workers N`` compiles N rows at a
+the command fails with a message naming the extras to install. ``--json`` prints this
+run's rows as JSON on stdout (the table then goes to stderr); ``--json-out FILE`` merges
+into an existing file, keyed by model/mode/config, and is rewritten after every row, so
+runs made in pieces (or cut short) accumulate into one file. ``--workers N`` compiles N rows at a
 time in worker processes and times one at a time (``optimus.bench.parallel``).
 """
 
@@ -22,6 +27,9 @@ import sys
 import time
 from typing import Any, Sequence
 
+from .. import user_model
+from ..cli_json import add_json_arguments, dumps, json_targets
+from ..core.table import format_table
 from ..models import MODELS, SIZES
 from . import external
 from .configs import CONFIG_NAMES
@@ -41,7 +49,9 @@ def _choices(value: str, allowed: Sequence[str], what: str) -> list[str]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="all",
-                   help=f"model(s): {', '.join(external.all_model_names())}, all (the --suite), or a comma list")
+                   help=f"model(s): {', '.join(external.all_model_names())}, all (the --suite), a model of yours as "
+                        "MODULE:FACTORY (a function returning an nn.Module or (module, example_inputs)), or a comma list")
+    p.add_argument("--inputs", default=None, help="for a MODULE:FACTORY model: " + user_model.INPUTS_HELP)
     p.add_argument("--suite", choices=list(external.SUITES), default="zoo",
                    help="what --model all means: the zoo (default), the external models (TorchRec, Hugging "
                         "Face: optional extras), or all of both")
@@ -75,10 +85,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--isolate", action="store_true",
                    help="with --workers: no row builds, compiles or runs its first step while another is timed "
                         "(timed sections wait for the compiles in flight; slower runs, cleaner timings)")
-    p.add_argument("--json", metavar="FILE", default=None,
-                   help="merge results into FILE (keyed by model/mode/config; written after every row)")
+    add_json_arguments(p, "this run's rows", file_form=True,
+                       out_help="merge the rows into FILE (keyed by model/mode/config; written after every row)")
     p.add_argument("--skip-existing", action="store_true",
-                   help="with --json: skip model/mode/config rows already measured (status ok) in FILE")
+                   help="with --json-out: skip model/mode/config rows already measured (status ok) in FILE")
     p.add_argument("--budget-minutes", type=float, default=None,
                    help="start no configuration that would end after this many minutes, judged by the "
                         "longest compiled configuration of the same model and mode so far (rows so far are kept)")
@@ -105,17 +115,15 @@ def run_command(args: argparse.Namespace) -> int:
     from .progress import Progress
 
     if args.list:
-        for name, spec in MODELS.items():
-            print(f"{name:<18} {spec.summary}")
+        rows = [[name, spec.summary] for name, spec in MODELS.items()]
         for name, ext in external.EXTERNAL.items():
             problem = external.unavailable(name)
-            print(f"{name:<18} {ext.summary}" + (f" [not available: {problem}]" if problem else ""))
+            rows.append([name, ext.summary + (f" [not available: {problem}]" if problem else "")])
+        print(format_table(["model", "summary"], rows))
         print("configurations:", ", ".join(CONFIG_NAMES))
         return 0
-    if args.model.strip() == "all":
-        models = external.suite_models(args.suite)
-    else:
-        models = _choices(args.model, external.all_model_names(), "model")
+    as_json, json_path = json_targets(args)
+    models = _models(args.model, args.suite, args.inputs)
     modes = _choices(args.mode, list(MODES), "mode")
     configs = _choices(args.configs, CONFIG_NAMES, "configuration")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -134,6 +142,9 @@ def run_command(args: argparse.Namespace) -> int:
         from .plot import require_matplotlib
 
         require_matplotlib()
+    for m in models:
+        if user_model.is_spec(external.user_spec(m)[0]):
+            external.check_user_model(m, device)  # a wrong name or model fails now, with its reason
 
     missing = {m: why for m in models if (why := external.unavailable(m, device))}
     if missing and len(missing) == len(models):
@@ -146,20 +157,20 @@ def run_command(args: argparse.Namespace) -> int:
                                 dynamic=args.dynamic, compile_threads=args.compile_threads, isolate=args.isolate,
                                 time_split=args.time_split)
     command = "optimus bench " + " ".join(shlex.quote(a) for a in _argv_for_record(args, device, size))
-    data = results.load(args.json) if args.json else results.empty()
+    data = results.load(json_path) if json_path else results.empty()
     this_run = results.empty()
 
     def on_row(row: dict[str, Any]) -> None:
         row["command"] = command
         results.merge(this_run, [row])
-        if args.json:
+        if json_path:
             results.merge(data, [row], command)
-            results.save(args.json, data)
+            results.save(json_path, data)
 
     skip: set[str] = set()
     if args.skip_existing:
-        if not args.json:
-            raise ValueError("--skip-existing needs --json FILE")
+        if not json_path:
+            raise ValueError("--skip-existing needs --json-out FILE")
         skip = {k for k, r in data["rows"].items()
                 if r.get("status") == "ok" and r.get("size") == size and r.get("device") == device}
     deadline = None if args.budget_minutes is None else time.perf_counter() + 60 * args.budget_minutes
@@ -170,10 +181,10 @@ def run_command(args: argparse.Namespace) -> int:
                 row = harness.skipped_row(m, md, c, opts, missing[m])
                 row["command"] = command
                 results.merge(this_run, [row])
-                if args.json and results.row_key(row) not in data["rows"]:
+                if json_path and results.row_key(row) not in data["rows"]:
                     results.merge(data, [row], command)
-    if args.json and missing:
-        results.save(args.json, data)
+    if json_path and missing:
+        results.save(json_path, data)
     models = [m for m in models if m not in missing]
     progress = Progress(len(planned) - len(this_run["rows"]), enabled=not args.quiet)
     try:
@@ -195,22 +206,42 @@ def run_command(args: argparse.Namespace) -> int:
     if not_run:
         print(f"budget reached; not run ({len(not_run)}): {', '.join(not_run)}", file=sys.stderr)
     if skip & set(planned):
-        print(f"skipped {len(skip & set(planned))} row(s) already in {args.json}", file=sys.stderr)
-    print(results.format_table(this_run))
+        print(f"skipped {len(skip & set(planned))} row(s) already in {json_path}", file=sys.stderr)
+    print(results.format_table(this_run), file=sys.stderr if as_json else sys.stdout)
+    if as_json:
+        print(dumps(this_run))
     if args.plot:
         from .plot import plot
 
-        plot(data if args.json else this_run, args.plot)
+        plot(data if json_path else this_run, args.plot)
         print(f"plot written to {args.plot}", file=sys.stderr)
-    if args.json:
-        print(f"results merged into {args.json}", file=sys.stderr)
+    if json_path:
+        print(f"results merged into {json_path}", file=sys.stderr)
     failed = [r for r in this_run["rows"].values()
               if r["status"] not in ("ok", "skipped") or (r.get("parity") and not r["parity"]["ok"])]
     return 1 if failed else 0
 
 
+def _models(value: str, suite: str, inputs: str | None) -> list[str]:
+    """The models ``--model`` names: built-in names (checked), ``all`` (the suite), and
+    ``MODULE:FACTORY`` models of the user's, each carrying ``--inputs`` in its name."""
+    if value.strip() == "all":
+        names = external.suite_models(suite)
+    else:
+        items = [v.strip() for v in value.split(",") if v.strip()]
+        known = [v for v in items if not user_model.is_spec(v)]
+        if known or not items:
+            _choices(",".join(known), external.all_model_names(), "model")
+        names = [external.user_model_name(v, inputs) if user_model.is_spec(v) else v for v in items]
+    if inputs is not None and not any(user_model.is_spec(n) or "[" in n for n in names):
+        raise ValueError("--inputs goes with a model of yours: --model MODULE:FACTORY --inputs ...")
+    return names
+
+
 def _argv_for_record(args: argparse.Namespace, device: str, size: str) -> list[str]:
     argv = ["--model", args.model, "--mode", args.mode, "--device", device, "--size", size]
+    if args.inputs is not None:
+        argv += ["--inputs", args.inputs]
     if args.suite != "zoo":
         argv += ["--suite", args.suite]
     if args.configs != "all":
@@ -239,8 +270,9 @@ def _argv_for_record(args: argparse.Namespace, device: str, size: str) -> list[s
         argv.append("--isolate")
     if not args.cold:
         argv.append("--warm-cache")
-    if args.json:
-        argv += ["--json", args.json]
+    json_path = json_targets(args)[1] if isinstance(args.json, bool) else args.json  # (warned once already)
+    if json_path:
+        argv += ["--json-out", json_path]
     return argv  # --skip-existing / --budget-minutes / --plot do not change what a row measures
 
 

@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..cli_json import add_json_arguments, json_targets
 from ..models import MODELS, SIZES, ZooModel, get_model
 
 CONFIGS = ("eager", "inductor", "optimus")
@@ -503,10 +504,10 @@ def agreement_ok(row: dict[str, Any]) -> bool:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    from ..core.report import format_table
+    from ..core.table import format_bytes, format_table
 
     head = ["model", "wrapper", "config", "status", "step ms", "examples/s", "kernels", "compile s",
-            "peak MiB (max rank)", "loss rel err", "ranks agree", "rewrites", "graphs"]
+            "peak memory (max rank)", "loss rel err", "ranks agree", "rewrites", "graphs"]
     cells = []
     for r in rows:
         spec = r["spec"]
@@ -517,7 +518,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             spec["model"], spec["wrapper"], spec["config"],
             "ok" if r["status"] == "ok" else f"error: {r.get('error')}"[:60],
             _fmt(r.get("step_ms"), ".3f"), _fmt(r.get("examples_per_s"), ",.0f"), _fmt(r.get("kernels"), "d"),
-            _fmt(r.get("compile_s"), ".1f"), _fmt(max(peak) / 2**20 if peak else None, ",.0f"),
+            _fmt(r.get("compile_s"), ".1f"), format_bytes(max(peak)) if peak else "",
             _fmt(r.get("loss_max_rel_err"), ".1e"), {True: "yes", False: "NO", None: ""}[r.get("ranks_agree")],
             _fmt(opt.get("rewrites") if opt else None, "d"), _fmt(n_graphs, "d"),
         ])
@@ -546,7 +547,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-tf32", dest="tf32", action="store_false", help="CUDA: TF32 matmuls off")
     p.add_argument("--warm-cache", dest="cold", action="store_false", help="reuse compiled kernels (not cold compile times)")
     p.add_argument("--timeout-minutes", type=float, default=30.0, help="terminate every rank after this long (default 30)")
-    p.add_argument("--json", metavar="FILE", default=None, help="write the rows (and the command, versions, device) to FILE")
+    add_json_arguments(p, "the rows (and the command, versions, device)", file_form=True)
     p.add_argument("--plan", action="store_true", help="print the rows that would run, and exit")
     return p
 
@@ -586,15 +587,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except odist.LaunchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(table(results))
-    if args.json:
+    as_json, json_path = json_targets(args)
+    print(table(results), file=sys.stderr if as_json else sys.stdout)
+    if as_json or json_path:
         from .harness import environment
 
         doc = {"command": "python -m optimus.bench.distributed " + " ".join(sys.argv[1:] if argv is None else argv),
                "nproc": args.nproc, "env": environment(device), "wall_s": time.time() - started, "rows": results}
-        with open(args.json + ".tmp", "w") as f:
-            json.dump(doc, f, indent=1, default=str)
-        os.replace(args.json + ".tmp", args.json)
+        if as_json:
+            print(json.dumps(doc, indent=1, default=str))
+        if json_path:
+            with open(json_path + ".tmp", "w") as f:
+                json.dump(doc, f, indent=1, default=str)
+            os.replace(json_path + ".tmp", json_path)
     bad = [r for r in results if r["status"] != "ok" or not agreement_ok(r) or r.get("ranks_agree") is False]
     return 1 if bad else 0
 

@@ -314,9 +314,71 @@ def all_model_names() -> list[str]:
     return list(MODELS) + list(EXTERNAL)
 
 
+# --- the user's own models (``--model MODULE:FACTORY``) ---------------------------------
+
+
+@dataclass
+class UserBenchModel(ZooModel):
+    """A model of the user's (``optimus.user_model``). It must return one tensor; training
+    minimizes the mean of its square (a stand-in loss whose gradient reaches every
+    parameter the output depends on). ``size`` does not apply: the factory decides."""
+
+    def loss(self, output: torch.Tensor) -> torch.Tensor:
+        return self.exact_loss(output.float())
+
+    def exact_loss(self, output: torch.Tensor) -> torch.Tensor:
+        if not isinstance(output, torch.Tensor):
+            raise TypeError(f"{self.name} returned {type(output).__name__}: optimus bench needs a model returning one "
+                            "tensor (wrap it in a module that returns the tensor to measure)")
+        return output.pow(2).mean()
+
+
+def user_model_name(spec: str, inputs: str | None) -> str:
+    """The bench's name of a user model: ``MODULE:FACTORY``, with ``[INPUTS]`` when
+    ``--inputs`` gave them (the name travels to worker processes and into every row)."""
+    return f"{spec}[{inputs}]" if inputs is not None else spec
+
+
+def user_spec(name: str) -> tuple[str, str | None]:
+    """``MODULE:FACTORY[INPUTS]`` -> ``("MODULE:FACTORY", "INPUTS")`` (``None`` without inputs)."""
+    if name.endswith("]") and "[" in name:
+        spec, _, inputs = name[:-1].partition("[")
+        return spec, inputs
+    return name, None
+
+
+def user_bench_model(name: str, device: str | torch.device = "cpu", seed: int = 0) -> UserBenchModel:
+    """Build user model ``name`` (``user_model_name``) with inputs and weights from ``seed``."""
+    from .. import user_model
+
+    spec, inputs = user_spec(name)
+    model, args = user_model.load(spec, inputs, device, seed)
+    first = next((a for a in args if isinstance(a, torch.Tensor) and a.dim() > 0), None)
+    batch = int(first.shape[0]) if first is not None else 1
+    return UserBenchModel(name=name, size="user", model=model, inputs=args, batch_size=batch,
+                          targets=torch.zeros((), device=torch.device(device)))
+
+
+def check_user_model(name: str, device: str | torch.device = "cpu") -> None:
+    """Build user model ``name`` and run it once eagerly: a ``ValueError`` saying what is
+    wrong (the name, the factory, the inputs, an output that is not one tensor) before
+    any configuration is measured."""
+    zoo = user_bench_model(name, device)
+    try:
+        with torch.no_grad():
+            out = zoo.model(*zoo.inputs)
+    except Exception as e:
+        raise ValueError(f"{name}: the model fails on its example inputs: {type(e).__name__}: {e}") from None
+    if not isinstance(out, torch.Tensor):
+        raise ValueError(f"{name} returns {type(out).__name__}; optimus bench needs a model returning one tensor "
+                         "(wrap it in a module that returns the tensor to measure)")
+
+
 def get_bench_model(name: str, size: str = "small", device: str | torch.device = "cpu", seed: int = 0) -> ZooModel:
-    """Build zoo or external model ``name``; an external one whose library is missing raises
-    ``ModuleNotFoundError`` naming the extra to install."""
+    """Build zoo, external or user model ``name``; an external one whose library is missing
+    raises ``ModuleNotFoundError`` naming the extra to install."""
+    if ":" in name:
+        return user_bench_model(name, device, seed)
     spec = EXTERNAL.get(name)
     if spec is None:
         return get_model(name, size, device, seed)

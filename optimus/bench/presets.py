@@ -1,7 +1,7 @@
 """Where a step's device time goes, preset by preset.
 
     python -m optimus.bench.presets --model towers32 --size small --mode infer [--cudagraphs]
-           [--presets inductor,vertical,horizontal,fx,all] [--json FILE]
+           [--presets inductor,vertical,horizontal,fx,all] [--json] [--json-out FILE]
 
 For one zoo model, compiles the step with plain Inductor and with Optimus under each
 preset (``fx`` = Torch-IR + Aten-IR rules, no Inductor-IR passes), optionally under CUDA
@@ -13,7 +13,6 @@ step, summed kernel device time, median step time and the longest kernels. The b
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from typing import Any
@@ -21,6 +20,8 @@ from typing import Any
 import torch
 
 from .. import measure
+from ..cli_json import add_json_arguments, emit
+from ..core.table import format_table
 from .external import get_bench_model as get_model
 
 PRESETS: dict[str, Any] = {
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--presets", default=",".join(PRESETS))
     p.add_argument("--cudagraphs", action="store_true")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--json", default=None)
+    add_json_arguments(p, "the rows", file_form=True)
     args = p.parse_args(argv)
     rows = []
     for preset in args.presets.split(","):
@@ -77,17 +78,17 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(run_preset(args.model, args.size, args.mode, preset, args.cudagraphs, args.device))
         except Exception as e:  # one preset failing must not hide the others
             rows.append({"preset": preset, "error": f"{type(e).__name__}: {str(e)[:200]}"})
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    if emit(rows, args):
+        return 0
+    cells: list[Any] = []
     for r in rows:
         if "error" in r:
-            print(f"{r['preset']:<11} error: {r['error']}")
+            cells.append([r["preset"], f"error: {r['error']}"])
             continue
-        print(f"{r['preset']:<11} step {r['step_ms']:.3f} ms  kernels {r.get('count', '-')}  device {r.get('device_us', '-')} us"
-              f"  ({args.model} {args.size} {args.mode}{' cudagraphs' if args.cudagraphs else ''})")
-        for name, calls, us in r.get("top", []):
-            print(f"    {us:9.1f} us  x{calls:<4} {name}")
+        cells.append([r["preset"], f"{r['step_ms']:.3f}", r.get("count", "-"), r.get("device_us", "-")])
+        cells += [f"    {us:.1f} us  x{calls}  {name}" for name, calls, us in r.get("top", [])]
+    print(f"{args.model} {args.size} {args.mode}{' cudagraphs' if args.cudagraphs else ''}")
+    print(format_table(["preset", "step ms", "kernels", "device us"], cells, [False, True, True, True]))
     return 0
 
 

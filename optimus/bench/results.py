@@ -7,6 +7,8 @@ import os
 import tempfile
 from typing import Any, Iterable
 
+from ..core import table
+
 SCHEMA = 1
 
 ROW_KEYS: dict[str, tuple[type, ...]] = {
@@ -172,7 +174,7 @@ def row_cells(row: dict[str, Any], configs: dict[str, dict[str, Any]], cudagraph
     if cudagraph_column:
         cells.append(_speed(row, configs.get("inductor-cudagraphs")))
     cells += [
-        _num(None if mem is None else mem / 2**20, ",.0f"),
+        table.format_bytes(mem),
         _num(row.get("compile_s"), ".1f"),
         accuracy_cell(row),
     ]
@@ -183,7 +185,7 @@ def table_header(cudagraph_column: bool) -> list[str]:
     header = ["config", "kernels", "step ms", "examples/s", "vs eager", "vs inductor"]
     if cudagraph_column:
         header.append("vs inductor-cudagraphs")
-    return header + ["peak MiB", "compile s", "accuracy"]
+    return header + ["peak memory", "compile s", "accuracy"]
 
 
 def table_rows(data: dict[str, Any]) -> list[list[str]]:
@@ -199,18 +201,5 @@ def table_rows(data: dict[str, Any]) -> list[list[str]]:
 
 
 def format_table(data: dict[str, Any]) -> str:
-    """A fixed-width text table; error rows carry their message in place of the figures."""
-    header = ["model", "mode", *table_header(has_cudagraph_rows(data))]
-    body = table_rows(data)
-    widths = [len(h) for h in header]
-    for line in body:
-        if len(line) == len(header):
-            widths = [max(w, len(c)) for w, c in zip(widths, line)]
-    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
-    out.append("  ".join("-" * w for w in widths))
-    for line in body:
-        if len(line) == len(header):
-            out.append("  ".join(c.ljust(w) for c, w in zip(line, widths)))
-        else:
-            out.append("  ".join(c.ljust(w) for c, w in zip(line[:3], widths)) + "  " + line[3])
-    return "\n".join(out)
+    """A text table (``core.table.format_table``); error rows carry their message in place of the figures."""
+    return table.format_table(["model", "mode", *table_header(has_cudagraph_rows(data))], table_rows(data))

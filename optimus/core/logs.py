@@ -144,7 +144,7 @@ def graph_finished(report: "GraphReport") -> None:
 def graph_table(report: "GraphReport") -> str:
     """Per rule of one graph that did anything: matched, declined, errors, nodes
     removed/added, and the most frequent decline reasons."""
-    from .report import format_table
+    from .table import format_table
 
     rows = []
     active = {name: s for name, s in report.rules.items() if s.matched or s.declined or s.errors or s.removed}

@@ -15,6 +15,11 @@ through ``@optimus.rule``). ``resolve(passes)`` turns what a user wrote into a
   only when named;)
 * a rule name: that rule, at every level it supports;
 * a list of the above (their union);
+* any of the above prefixed with ``-`` removes what that name selects, whatever the
+  order (``-vertical`` / ``-horizontal``: the rules of that kind, not the
+  canonicalizations): ``["auto", "-merge_splits"]``, ``"all,-horizontal"``,
+  ``{"aten_ir": ["auto", "-batch_mm"]}`` (the planner stays on where the rest is
+  ``"auto"``); a selection of exclusions alone is an error (name what to exclude from);
 * a dict per level: ``{"torch_ir": "vertical", "aten_ir": ["split_cat_to_identity"],
   "inductor_ir": "none"}``; a level's value may also be ``{rule_name: {option: value}}``
   to pass per-rule options; the key ``"options"`` holds driver options
@@ -129,14 +134,17 @@ class PassConfig:
     driver: DriverOptions = DriverOptions()
     spec: str = ""
     notes: tuple[str, ...] = dataclasses.field(default=(), compare=False)  # for the report (upstream names used)
+    # (level, rule) pairs a ``-name`` took out; kept so that configurations derived from
+    # this one (the planner's tuned candidates) leave them out too
+    excluded: tuple[tuple[str, str], ...] = ()
     # passes="auto": the compile attaches its planner (``core.group.GroupPlanner``); the FX
     # driver asks it about every horizontal group. Core never looks inside it.
     planner: Any = dataclasses.field(default=None, compare=False)
 
     @property
     def planned(self) -> bool:
-        """Chosen by the planner (``passes="auto"``)."""
-        return self.spec == AUTO
+        """Chosen by the planner (``passes="auto"``, also with ``-name`` exclusions)."""
+        return self.spec == AUTO or _auto_with_exclusions(self.spec)
 
     def rules_for(self, level: str) -> list[Rule]:
         return [REGISTRY.get(n) for n in self.rules.get(level, ()) if n in REGISTRY]
@@ -168,6 +176,9 @@ def resolve(passes: Any = DEFAULT) -> PassConfig:
     ``None`` is the default, ``"auto"``."""
     if isinstance(passes, PassConfig):
         return passes
+    base, excluded, spec = _split_exclusions(passes)
+    if excluded:
+        return _resolve_excluding(base, excluded, spec)
     if passes is None:  # as for torch.compile's own arguments: None is the default
         passes = DEFAULT
     passes, notes = upstream_names.translate(passes, REGISTRY)
@@ -252,7 +263,8 @@ def _select_names(names: list[str], levels: Iterable[str], selected: dict[str, l
             for level, rule_name in upstream_names.expand(name, levels):
                 selected[level].append(rule_name)
         else:
-            raise ValueError(_unknown("pass", name, list(PRESETS) + list(LEVELS) + REGISTRY.names()))
+            raise ValueError(_unknown("pass", name, list(PRESETS) + list(LEVELS) + REGISTRY.names(),
+                                      also=tuple(upstream_names.UPSTREAM_PASSES)))
 
 
 def _check_options(rule: Rule, given: dict[str, Any]) -> None:
@@ -268,8 +280,95 @@ def _check_options(rule: Rule, given: dict[str, Any]) -> None:
         raise ValueError(f"rule {rule.name!r}: max_group ({merged['max_group']}) is below min_group ({merged['min_group']})")
 
 
-def _unknown(what: str, name: Any, valid: list[str]) -> str:
-    close = difflib.get_close_matches(str(name), valid, n=3, cutoff=0.5)
+def _unknown(what: str, name: Any, valid: list[str], also: tuple[str, ...] = ()) -> str:
+    """The error for an unknown name: the closest of ``valid`` (and of ``also``, names
+    accepted but not listed, such as upstream PyTorch's pass names), then ``valid``."""
+    close = difflib.get_close_matches(str(name), valid + [a for a in also if a not in valid], n=3, cutoff=0.5)
     hint = f" Did you mean: {', '.join(close)}?" if close else ""
-    return f"unknown {what} name {name!r}.{hint} Valid names: {', '.join(valid)}"
+    more = " (and upstream PyTorch's pass names, docs/upstream-names.md)" if also else ""
+    return f"unknown {what} name {name!r}.{hint} Valid names: {', '.join(valid)}{more}"
+
+
+# ---------------------------------------------------------------- exclusions ("-name")
+
+EXCLUDE_PREFIX = "-"
+
+
+def _auto_with_exclusions(spec: str) -> bool:
+    """``spec`` is ``"auto"`` followed by ``-name`` exclusions only (the planner stays on)."""
+    head, _, rest = spec.partition(",")
+    return head == AUTO and bool(rest) and all(p.startswith(EXCLUDE_PREFIX) for p in rest.split(","))
+
+
+def _is_exclusion(item: Any) -> bool:
+    return isinstance(item, str) and item.strip().startswith(EXCLUDE_PREFIX)
+
+
+def _names_of(value: Any) -> list[Any] | None:
+    """The names a string (comma list) or a list/tuple holds; None for other values."""
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()] if "," in value else [value.strip()]
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return None
+
+
+def _split_exclusions(passes: Any) -> tuple[Any, list[tuple[tuple[str, ...], str]], str]:
+    """``passes`` without its ``-name`` items, the exclusions as (levels, name), and the
+    spec naming the whole selection. No exclusion: ``(passes, [], "")`` unchanged."""
+    excluded: list[tuple[tuple[str, ...], str]] = []
+    names = _names_of(passes)
+    if names is not None:
+        kept = [n for n in names if not _is_exclusion(n)]
+        excluded = [(LEVELS, n.strip()[1:]) for n in names if _is_exclusion(n)]
+        if not excluded:
+            return passes, [], ""
+        spec = ",".join(kept + [EXCLUDE_PREFIX + name for _, name in excluded])
+        return kept, excluded, spec
+    if isinstance(passes, dict):
+        base = dict(passes)
+        for level, value in passes.items():
+            names = _names_of(value) if level in LEVELS else None
+            if names is None or not any(_is_exclusion(n) for n in names):
+                continue
+            base[level] = [n for n in names if not _is_exclusion(n)]
+            excluded += [((level,), n.strip()[1:]) for n in names if _is_exclusion(n)]
+        if excluded:
+            return base, excluded, json.dumps(passes, sort_keys=True, default=repr)
+    return passes, [], ""
+
+
+def _resolve_excluding(base: Any, excluded: list[tuple[tuple[str, ...], str]], spec: str) -> PassConfig:
+    """Resolve ``base`` (what is selected), then take out what each excluded name would
+    select at its levels. An unknown excluded name raises as an unknown selected one does."""
+    if base == [] or (isinstance(base, dict) and any(v == [] for k, v in base.items() if k in LEVELS)):
+        shown = ", ".join(repr(EXCLUDE_PREFIX + n) for _, n in excluded)
+        raise ValueError(f"{shown} excludes from nothing: name what to exclude from, e.g. "
+                         f"[{AUTO!r}, {EXCLUDE_PREFIX + excluded[0][1]!r}] (a preset, a level or rule names)")
+    config = resolve(base)
+    removed: dict[str, list[str]] = {lv: [] for lv in LEVELS}
+    for levels, name in excluded:
+        if not name:
+            raise ValueError(f"{EXCLUDE_PREFIX!r} alone names nothing to exclude")
+        if name in KINDS[1:]:  # "-horizontal": the horizontal rules, not the canonicalizations the preset adds
+            for level in levels:
+                removed[level] += [r.name for r in REGISTRY.rules(level, (name,), defaults_only=True)]
+            continue
+        _select_names([name], levels, removed)
+    pairs = tuple((lv, r) for lv in LEVELS for r in config.rules.get(lv, ()) if r in removed[lv])
+    config = exclude_rules(config, pairs)
+    notes = config.notes + (f"excluded: {', '.join(f'{r} ({lv})' for lv, r in pairs) or 'nothing that was selected'}",)
+    return dataclasses.replace(config, spec=spec, notes=notes)
+
+
+def exclude_rules(config: PassConfig, pairs: Iterable[tuple[str, str]]) -> PassConfig:
+    """``config`` without the (level, rule) ``pairs``; they are remembered in ``excluded``."""
+    pairs = tuple(pairs)
+    if not pairs:
+        return config
+    out = set(pairs)
+    rules = {lv: tuple(r for r in names if (lv, r) not in out) for lv, names in config.rules.items()}
+    options = {k: v for k, v in config.options.items() if k not in out}
+    excluded = config.excluded + tuple(p for p in pairs if p not in config.excluded)
+    return dataclasses.replace(config, rules=rules, options=options, excluded=excluded)
 

@@ -12,9 +12,13 @@ import dataclasses
 import json
 import logging
 from collections import Counter
-from typing import Any, Sequence
+from typing import Any
+
+from .table import format_table
 
 log = logging.getLogger("optimus")
+
+__all__ = ["GraphReport", "Report", "RuleStats", "format_table"]  # format_table: core.table's, used here
 
 
 @dataclasses.dataclass
@@ -166,59 +170,27 @@ class Report:
         if not self.graphs:
             lines.append("  no graph was rewritten" + (f" ({'; '.join(self.notes)})" if self.notes else ""))
             return "\n".join(lines)
-        head = f"{'level':<12}{'graph':<22}{'nodes before':>13}{'after':>8}{'rewrites':>10}{'ms':>9}"
-        lines += ["", head, "-" * len(head)]
+        graphs: list[Any] = []
         for g in self.graphs:
-            lines.append(f"{g.level:<12}{g.graph:<22}{g.nodes_before:>13}{g.nodes_after:>8}{g.matched:>10}{g.time_s * 1e3:>9.1f}")
-            if g.discarded:
-                lines.append(f"{'':<12}DISCARDED: {g.discarded}")
-            for note in g.notes:
-                lines.append(f"{'':<12}note: {note}")
+            graphs.append([g.level, g.graph, g.nodes_before, g.nodes_after, g.matched, f"{g.time_s * 1e3:.1f}"])
+            graphs += [f"    DISCARDED: {g.discarded}"] if g.discarded else []
+            graphs += [f"    note: {note}" for note in g.notes]
             planned = g.planner_line()
-            if planned:
-                lines.append(f"{'':<12}{planned}")
-        rhead = f"{'rule':<36}{'level':<12}{'graph':<22}{'matched':>8}{'declined':>9}{'errors':>7}{'-nodes':>7}{'+nodes':>7}{'ms':>8}"
-        lines += ["", rhead, "-" * len(rhead)]
+            graphs += [f"    {planned}"] if planned else []
+        rules: list[Any] = []
         for g in self.graphs:
             for name, s in sorted(g.rules.items()):
-                lines.append(
-                    f"{name:<36}{g.level:<12}{g.graph:<22}{s.matched:>8}{sum(s.declined.values()):>9}"
-                    f"{len(s.errors):>7}{s.removed:>7}{s.added:>7}{s.time_s * 1e3:>8.1f}"
-                )
-                for reason, count in s.declined.most_common(max_reasons):
-                    lines.append(f"{'':<4}declined x{count}: {reason}")
-                for err in s.errors[:max_reasons]:
-                    lines.append(f"{'':<4}error (rolled back): {err}")
-        for note in self.notes:
-            lines.append(f"note: {note}")
+                rules.append([name, g.level, g.graph, s.matched, sum(s.declined.values()), len(s.errors), s.removed,
+                              s.added, f"{s.time_s * 1e3:.1f}"])
+                rules += [f"    declined x{count}: {reason}" for reason, count in s.declined.most_common(max_reasons)]
+                rules += [f"    error (rolled back): {err}" for err in s.errors[:max_reasons]]
+        lines += ["", format_table(["level", "graph", "nodes before", "after", "rewrites", "ms"], graphs,
+                                   [False, False, True, True, True, True])]
+        if rules:
+            lines += ["", format_table(["rule", "level", "graph", "matched", "declined", "errors", "-nodes", "+nodes", "ms"],
+                                       rules, [False, False, False] + [True] * 6)]
+        lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)
 
     def __str__(self) -> str:
         return self.table()
-
-
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], numeric: Sequence[bool] | None = None) -> str:
-    """Plain-text table: a header, a rule, one line per row; numeric columns right-aligned.
-
-    Columns are as wide as their widest cell; cells are ``str()``-ed. Plain text on
-    purpose: the same bytes in a terminal, a pipe, a log and a test.
-    """
-    cells = [[str(c) for c in row] for row in rows]
-    if numeric is None:
-        numeric = [bool(cells) and all(_is_number(r[i]) for r in cells) for i in range(len(headers))]
-    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
-
-    def line(values: Sequence[str]) -> str:
-        return "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)).rstrip()
-
-    out = [line(list(headers)), "  ".join("-" * w for w in widths)]
-    out += [line(r) for r in cells]
-    return "\n".join(out)
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text.replace(",", ""))
-    except ValueError:
-        return False
-    return True

@@ -1,7 +1,7 @@
 """Rewrites under static and dynamic shapes, for every zoo model (CPU, small configs).
 
 ``python -m optimus.tools.dynamic_report [--models a,b] [--modes inference,training]
-[--passes P] [--json FILE]`` compiles each zoo model three ways with passes ``P`` (default:
+[--passes P] [--json] [--json-out FILE]`` compiles each zoo model three ways with passes ``P`` (default:
 optimus.compile's default, ``"auto"``) and counts the rewrites its report records
 (dead-code removal left out):
 
@@ -30,6 +30,8 @@ import time
 from typing import Any, Sequence
 
 import torch
+
+from ..cli_json import add_json_arguments, json_targets
 
 SETTINGS = ("static", "dynamic", "mark_dynamic")
 MODES = ("inference", "training")
@@ -143,7 +145,7 @@ def measure(name: str, mode: str, setting: str, passes: Any = None) -> dict[str,
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    from optimus.core.report import format_table
+    from optimus.core.table import format_table
 
     by = {(r["model"], r["mode"], r["setting"]): r for r in rows}
     out = []
@@ -181,8 +183,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--modes", default=",".join(MODES), help="inference,training")
     p.add_argument("--settings", default=",".join(SETTINGS), help="static,dynamic,mark_dynamic")
     p.add_argument("--passes", default=None, help="a preset (default: optimus.compile's, auto)")
-    p.add_argument("--json", default=None, help="write every row here")
+    add_json_arguments(p, "every row", file_form=True)
     args = p.parse_args(argv)
+    as_json, json_path = json_targets(args)
     _fresh_caches()
     rows = []
     for name in args.models.split(","):
@@ -190,18 +193,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             for setting in args.settings.split(","):
                 row = measure(name, mode, setting, args.passes)
                 rows.append(row)
-                if args.json:  # after every row: a long run interrupted keeps what it measured
-                    _write(args.json, rows)
+                if json_path:  # after every row: a long run interrupted keeps what it measured
+                    _write(json_path, rows)
                 print(f"{name:12} {mode:10} {setting:13} rewrites={row.get('rewrites')} crash={row['crash']} "
                       f"recompiled={row.get('recompiled')} ({row['time_s']} s)", file=sys.stderr, flush=True)
-    print(table(rows))
+    if as_json:
+        print(json.dumps({"meta": _meta(), "rows": rows}, indent=1, default=str))
+    else:
+        print(table(rows))
     return 0
 
 
+def _meta() -> dict[str, Any]:
+    return {"date": datetime.date.today().isoformat(), "torch": torch.__version__, "device": "cpu", "size": "small"}
+
+
 def _write(path: str, rows: list[dict[str, Any]]) -> None:
-    meta = {"date": datetime.date.today().isoformat(), "torch": torch.__version__, "device": "cpu", "size": "small"}
     with open(path, "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1, default=str)
+        json.dump({"meta": _meta(), "rows": rows}, f, indent=1, default=str)
 
 
 if __name__ == "__main__":

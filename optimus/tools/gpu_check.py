@@ -32,6 +32,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ..core.table import format_table
+
 FX = {"torch_ir": "all", "aten_ir": "all", "inductor_ir": "none"}
 ALL = "all"
 
@@ -304,9 +306,7 @@ SHORT = {"fuse_producer_consumer": "vertical", "fuse_independent_kernels": "hori
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    head = f"{'case':<14}{'mode':<6}{'kernels fx':>11}{'all':>6}{'delta':>7}{'ms fx':>9}{'ms all':>9}{'speedup':>8}{'max err':>10}  {'status':<16}rules fired (all)"
-    print(head)
-    print("-" * len(head))
+    cells: list[Any] = []
     for row in rows:
         fx, al = row["configs"].get("fx", {}), row["configs"].get("all", {})
         kf, ka = fx.get("kernels"), al.get("kernels")
@@ -318,18 +318,16 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         worst = max(err or 0, gerr or 0) if err is not None else None
         status = al.get("status", "-") if fx.get("status") == "ok" else f"fx:{fx.get('status')}/all:{al.get('status')}"
         fired = ", ".join(f"{SHORT.get(k, k)}={v}" for k, v in (al.get("rules") or {}).items() if v)
-        print(
-            f"{row['case']:<14}{row['mode']:<6}{_fmt(kf):>11}{_fmt(ka):>6}{_fmt(delta, '+d'):>7}{_fmt(mf, '.3f'):>9}"
-            f"{_fmt(ma, '.3f'):>9}{_fmt(speed, '.2f'):>8}{_fmt(worst, '.1e'):>10}  {status:<16}{fired or '-'}"
-        )
+        cells.append([row["case"], row["mode"], _fmt(kf), _fmt(ka), _fmt(delta, "+d"), _fmt(mf, ".3f"), _fmt(ma, ".3f"),
+                      _fmt(speed, ".2f"), _fmt(worst, ".1e"), status, fired or "-"])
         for cname in ("fx", "all"):
             c = row["configs"].get(cname, {})
             if c.get("error"):
-                print(f"    {cname}: {c['error']}")
+                cells.append(f"    {cname}: {c['error']}")
             for p in (c.get("problems") or [])[:3]:
-                print(f"    {cname} optimus problem: {p[:160]}")
-        for d in (al.get("top_declines") or [])[:2]:
-            print(f"    declined: {d[:150]}")
+                cells.append(f"    {cname} optimus problem: {p[:160]}")
+    print(format_table(["case", "mode", "kernels fx", "all", "delta", "ms fx", "ms all", "speedup", "max err", "status",
+                        "rules fired (all)"], cells, [False, False] + [True] * 7 + [False, False]))
 
 
 def main(argv: list[str] | None = None) -> int:

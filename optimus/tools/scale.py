@@ -10,13 +10,16 @@ rollback, alias analysis, the worklist to a fixpoint, dead-code removal, final l
 from __future__ import annotations
 
 import argparse
-import json
 import operator
 import statistics
 import time
 
 import torch
 import torch.fx as fx
+
+from ..cli_json import add_json_arguments, emit
+from ..core.table import format_table
+
 
 def synthetic_graph(target_nodes: int, width: int = 8, seed: int = 0) -> tuple[fx.GraphModule, torch.Tensor]:
     g = fx.Graph()
@@ -116,22 +119,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--horizontal", type=int, metavar="CANDIDATES", default=None,
                    help="time horizontal grouping instead: per-feature linears (this many) in graphs of --nodes nodes")
-    p.add_argument("--json", action="store_true")
+    add_json_arguments(p, "the measurements")
     args = p.parse_args(argv)
     if args.horizontal is not None:
         rows = [measure_horizontal(n, args.horizontal, args.repeats) for n in args.nodes]
-        print(json.dumps({"torch": torch.__version__, "rows": rows}, indent=2) if args.json else _table(rows, "linear_groups"))
-        return 0
-    rows = [measure(n, args.repeats) for n in args.nodes]
-    print(json.dumps({"torch": torch.__version__, "rows": rows}, indent=2) if args.json else _table(rows, "rewrites"))
+        count = "linear_groups"
+    else:
+        rows = [measure(n, args.repeats) for n in args.nodes]
+        count = "rewrites"
+    if not emit({"torch": torch.__version__, "rows": rows}, args):
+        print(_table(rows, count))
     return 0
 
 
 def _table(rows: list[dict], count: str) -> str:
-    lines = [f"torch {torch.__version__}", f"{'nodes before':>13}{'after':>8}{count:>15}{'median s':>10}  all runs"]
-    for r in rows:
-        lines.append(f"{r['nodes_before']:>13}{r['nodes_after']:>8}{r[count]:>15}{r['median_s']:>10.3f}  {r['times_s']}")
-    return "\n".join(lines)
+    cells = [[r["nodes_before"], r["nodes_after"], r[count], f"{r['median_s']:.3f}", r["times_s"]] for r in rows]
+    return f"torch {torch.__version__}\n" + format_table(["nodes before", "after", count, "median s", "all runs"], cells,
+                                                         [True, True, True, True, False])
 
 
 if __name__ == "__main__":

@@ -67,7 +67,7 @@ def test_two_cpu_processes_end_to_end(tmp_path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([HERE, os.path.dirname(os.path.dirname(HERE)), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "optimus.bench.distributed", "--nproc", "2", "--device", "cpu",
            "--models", "dist_models:tiny", "--configs", "eager,optimus", "--wrappers", "ddp,fsdp2",
-           "--warm-cache", "--warmup", "1", "--iters", "3", "--timeout-minutes", "15", "--json", str(out)]
+           "--warm-cache", "--warmup", "1", "--iters", "3", "--timeout-minutes", "15", "--json-out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     doc = json.loads(out.read_text())

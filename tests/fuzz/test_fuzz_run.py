@@ -131,7 +131,7 @@ def test_cli_fuzz_json(tmp_path, capsys):
     from optimus.cli import main
 
     out = tmp_path / "fuzz.json"
-    rc = main(["fuzz", "--cases", "6", "--seed", "3", "--level", "torch_ir", "--passes", "none", "--json", str(out)])
+    rc = main(["fuzz", "--cases", "6", "--seed", "3", "--level", "torch_ir", "--passes", "none", "--json-out", str(out)])
     text = capsys.readouterr().out
     assert rc == 0, text
     data = json.loads(out.read_text())

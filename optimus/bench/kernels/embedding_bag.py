@@ -518,6 +518,8 @@ def _x(a, b):
 
 
 def make_table(rep) -> str:
+    from optimus.core.table import format_table  # here: main() may set TRITON_INTERPRET before optimus loads
+
     lines = [f"grouped_embedding_bag bench {rep['date']}  {rep['gpu']}  torch {rep['torch']}  triton {rep['triton']}  "
              f"copy {fmt(rep.get('copy_GBps', 0) / 1e3, 2)} TB/s"]
     ch = rep.get("checks", [])
@@ -527,24 +529,23 @@ def make_table(rep) -> str:
                      + "".join(f"\n  FAIL {c.get('check')}: {c.get('errors', c.get('error', ''))}"[:400] for c in bad))
     lines.append("ms, triton.testing.do_bench medians; x = loop / ours; det = sorted-segment backward, atomic = fp32 "
                  "atomics; graph = CUDA-graph replay (device time); GB/s from graph time (see the docstring)")
-    hdr = (f"{'case':14s} {'T':>4s} {'B':>5s} {'L':>3s} | {'fwd':>7s} {'loop':>7s} {'x':>5s} | {'step':>7s} "
-           f"{'loop':>7s} {'x':>5s} {'atomic':>7s} {'x':>5s} {'mset':>6s} | {'graph':>7s} {'loop':>7s} {'x':>5s} | "
-           f"{'fwdGB/s':>7s} {'%cp':>4s} {'stpGB/s':>7s} {'%cp':>4s} | err")
-    lines.append(hdr)
+    rows: list = []
     for r in rep.get("cases", []):
         if "error" in r:
-            lines.append(f"{r.get('case', '?'):14s} ERROR {r['error'][-200:]}")
+            rows.append([r.get("case", "?"), f"ERROR {r['error'][-200:]}"])
             continue
-        lines.append(
-            f"{r['case']:14s} {r['T']:4d} {r['B']:5d} {r['L']:3d} | {fmt(r.get('fwd_ours'))} {fmt(r.get('fwd_loop'))} "
-            f"{fmt(_x(r.get('fwd_ours'), r.get('fwd_loop')), 2):>5s} | {fmt(r.get('step_ours'))} "
-            f"{fmt(r.get('step_loop'))} {fmt(_x(r.get('step_ours'), r.get('step_loop')), 2):>5s} "
-            f"{fmt(r.get('step_atomic'))} {fmt(_x(r.get('step_atomic'), r.get('step_loop')), 2):>5s} "
-            f"{fmt(r.get('memset_ms')):>6s} | "
-            f"{fmt(r.get('graph_ours'))} {fmt(r.get('graph_loop'))} "
-            f"{fmt(_x(r.get('graph_ours'), r.get('graph_loop')), 2):>5s} | {fmt(r.get('fwd_GBps'), 0):>7s} "
-            f"{fmt(r.get('fwd_pct_copy'), 0):>4s} {fmt(r.get('step_GBps'), 0):>7s} {fmt(r.get('step_pct_copy'), 0):>4s} "
-            f"| {r.get('fwd_err', 0):.0e}/{r.get('grad_err', 0):.0e}")
+        rows.append([r["case"], r["T"], r["B"], r["L"], "|", fmt(r.get("fwd_ours")), fmt(r.get("fwd_loop")),
+                     fmt(_x(r.get("fwd_ours"), r.get("fwd_loop")), 2), "|", fmt(r.get("step_ours")),
+                     fmt(r.get("step_loop")), fmt(_x(r.get("step_ours"), r.get("step_loop")), 2),
+                     fmt(r.get("step_atomic")), fmt(_x(r.get("step_atomic"), r.get("step_loop")), 2),
+                     fmt(r.get("memset_ms")), "|", fmt(r.get("graph_ours")), fmt(r.get("graph_loop")),
+                     fmt(_x(r.get("graph_ours"), r.get("graph_loop")), 2), "|", fmt(r.get("fwd_GBps"), 0),
+                     fmt(r.get("fwd_pct_copy"), 0), fmt(r.get("step_GBps"), 0), fmt(r.get("step_pct_copy"), 0), "|",
+                     f"{r.get('fwd_err', 0):.0e}/{r.get('grad_err', 0):.0e}"])
+    lines.append(format_table(["case", "T", "B", "L", "|", "fwd", "loop", "x", "|", "step", "loop", "x", "atomic", "x",
+                               "mset", "|", "graph", "loop", "x", "|", "fwdGB/s", "%cp", "stpGB/s", "%cp", "|", "err"],
+                              rows, [False] + [True] * 3 + [False] + [True] * 3 + [False] + [True] * 6 + [False]
+                              + [True] * 3 + [False] + [True] * 4 + [False, False]))
     ts = rep.get("tile_sweep")
     if ts:
         lines.append("forward tile sweep (bandwidth case): "

@@ -46,6 +46,7 @@ import torch.nn.functional as F
 import optimus.kernels as ops
 from optimus.kernels import batched_layer_norm, grouped_linear
 from optimus.kernels.runtime import plans as _plans
+from optimus.core.table import format_table
 
 ACT_FN = {"none": lambda z: z, "relu": F.relu, "gelu": F.gelu, "silu": F.silu, "sigmoid": torch.sigmoid,
           "tanh": torch.tanh}
@@ -880,51 +881,52 @@ def make_table(report):
                      f"{report.get('checks_failed', 0)} failed")
     lines.append("grouped_linear (ms per step, median; eager = CUDA events around each step, inputs rotated; "
                  "graph = CUDA-graph replay of the whole fwd+bwd step; x = loop / ours or bmm / ours)")
-    lines.append(f"{'case':20s} {'G':>3s} | {'fwd':>7s} {'loop':>7s} {'x':>5s} | {'step':>7s} {'loop':>7s} {'x':>5s} | "
-                 f"{'graph':>7s} {'loop':>7s} {'x':>5s} | {'bmm st':>7s} {'x':>5s} {'bmm gr':>7s} {'x':>5s} | "
-                 f"{'gmm st':>7s} | {'TF/s':>5s} {'%mm':>4s}  err")
+    rows: list = []
     for r in report.get("grouped_linear", []):
         T = r.get("times_ms", {})
         name = r["kind"] + ("" if r["act"] == "none" else "+" + r["act"]) + ("" if r["dtype"] == "bfloat16" else
                                                                             "/" + r["dtype"])
         if "error" in r:
-            lines.append(f"{name:20s} {r['G']:3d} | FAILED: {r['error'][:150]}")
+            rows.append([name, r["G"], "|", f"FAILED: {r['error'][:150]}"])
             continue
         of, lf, os_, ls = _ms(T, "ours_fwd"), _ms(T, "loop_fwd"), _ms(T, "ours_step"), _ms(T, "loop_step")
         og, lg = _ms(T, "ours_graph"), _ms(T, "loop_graph")
         bs_, bg, gs = _ms(T, "bmm_step"), _ms(T, "bmm_graph"), _ms(T, "gmm_step")
         err = r.get("rel_err_vs_loop", {})
-        lines.append(
-            f"{name:20s} {r['G']:3d} | {fmt(of):>7s} {fmt(lf):>7s} {_ratio(lf, of):>5s} | {fmt(os_):>7s} {fmt(ls):>7s} "
-            f"{_ratio(ls, os_):>5s} | {fmt(og):>7s} {fmt(lg):>7s} {_ratio(lg, og):>5s} | {fmt(bs_):>7s} "
-            f"{_ratio(bs_, os_):>5s} {fmt(bg):>7s} {_ratio(bg, og):>5s} | {fmt(gs):>7s} | "
-            f"{fmt(r.get('ours_step_TFLOPs'), 0):>5s} {fmt(r.get('pct_mm_ceiling'), 0):>4s}  "
-            f"{fmt(err.get('y'), 4)}/{fmt(err.get('grads'), 4)}" + ("  errors: " + ",".join(r["errors"]) if
-                                                                    r.get("errors") else ""))
+        rows.append([name, r["G"], "|", fmt(of), fmt(lf), _ratio(lf, of), "|", fmt(os_), fmt(ls), _ratio(ls, os_), "|",
+                     fmt(og), fmt(lg), _ratio(lg, og), "|", fmt(bs_), _ratio(bs_, os_), fmt(bg), _ratio(bg, og), "|",
+                     fmt(gs), "|", fmt(r.get("ours_step_TFLOPs"), 0), fmt(r.get("pct_mm_ceiling"), 0),
+                     f"{fmt(err.get('y'), 4)}/{fmt(err.get('grads'), 4)}"
+                     + ("  errors: " + ",".join(r["errors"]) if r.get("errors") else "")])
         if "ours_nocache_step" in T:
-            lines.append(f"{'  (table cache off)':20s} {'':3s} | {'':>7s} {'':>7s} {'':>5s} | "
-                         f"{fmt(_ms(T, 'ours_nocache_step')):>7s} {fmt(ls):>7s} {_ratio(ls, _ms(T, 'ours_nocache_step')):>5s} |")
+            nc = _ms(T, "ours_nocache_step")
+            rows.append(["  (table cache off)", "", "|", "", "", "", "|", fmt(nc), fmt(ls), _ratio(ls, nc), "|"])
+    lines.append(format_table(["case", "G", "|", "fwd", "loop", "x", "|", "step", "loop", "x", "|", "graph", "loop", "x",
+                               "|", "bmm st", "x", "bmm gr", "x", "|", "gmm st", "|", "TF/s", "%mm", "err"], rows,
+                              [False, True, False] + [True] * 3 + [False] + [True] * 3 + [False] + [True] * 3 + [False]
+                              + [True] * 4 + [False, True, False, True, True, False]))
     lines.append("batched_layer_norm bf16 (ms per step, median; GB/s counts x read + y written (fwd), + x, dy read, "
                  "dx written (step); % of the measured copy bandwidth)")
-    lines.append(f"{'case':8s} {'G':>3s} | {'fwd':>7s} {'loop':>7s} {'x':>5s} {'stack':>7s} | {'GB/s':>6s} {'%copy':>5s} | "
-                 f"{'step':>7s} {'loop':>7s} {'x':>5s} {'stack':>7s} | {'GB/s':>6s} {'%copy':>5s} | "
-                 f"{'graph':>7s} {'loop':>7s} {'x':>5s}  err")
+    rows = []
     for r in report.get("layer_norm", []):
         T = r.get("times_ms", {})
         if "error" in r:
-            lines.append(f"{r['kind']:8s} {r['G']:3d} | FAILED: {r['error'][:150]}")
+            rows.append([r["kind"], r["G"], "|", f"FAILED: {r['error'][:150]}"])
             continue
         of, lf, sf = _ms(T, "ours_fwd"), _ms(T, "loop_fwd"), _ms(T, "stacked_fwd")
         os_, ls, ss = _ms(T, "ours_step"), _ms(T, "loop_step"), _ms(T, "stacked_step")
         og, lg = _ms(T, "ours_graph"), _ms(T, "loop_graph")
         err = r.get("rel_err_vs_loop", {})
-        lines.append(
-            f"{r['kind']:8s} {r['G']:3d} | {fmt(of):>7s} {fmt(lf):>7s} {_ratio(lf, of):>5s} {fmt(sf):>7s} | "
-            f"{fmt(r.get('ours_fwd_GBps'), 0):>6s} {fmt(r.get('pct_copy_fwd'), 0):>5s} | {fmt(os_):>7s} {fmt(ls):>7s} "
-            f"{_ratio(ls, os_):>5s} {fmt(ss):>7s} | {fmt(r.get('ours_step_GBps'), 0):>6s} "
-            f"{fmt(r.get('pct_copy_step'), 0):>5s} | {fmt(og):>7s} {fmt(lg):>7s} {_ratio(lg, og):>5s}  "
-            f"{fmt(err.get('y'), 4)}/{fmt(err.get('dx'), 4)}" + ("  errors: " + ",".join(r["errors"]) if
-                                                               r.get("errors") else ""))
+        rows.append([r["kind"], r["G"], "|", fmt(of), fmt(lf), _ratio(lf, of), fmt(sf), "|",
+                     fmt(r.get("ours_fwd_GBps"), 0), fmt(r.get("pct_copy_fwd"), 0), "|", fmt(os_), fmt(ls),
+                     _ratio(ls, os_), fmt(ss), "|", fmt(r.get("ours_step_GBps"), 0), fmt(r.get("pct_copy_step"), 0), "|",
+                     fmt(og), fmt(lg), _ratio(lg, og),
+                     f"{fmt(err.get('y'), 4)}/{fmt(err.get('dx'), 4)}"
+                     + ("  errors: " + ",".join(r["errors"]) if r.get("errors") else "")])
+    lines.append(format_table(["case", "G", "|", "fwd", "loop", "x", "stack", "|", "GB/s", "%copy", "|", "step", "loop",
+                               "x", "stack", "|", "GB/s", "%copy", "|", "graph", "loop", "x", "err"], rows,
+                              [False, True, False] + [True] * 4 + [False] + [True] * 2 + [False] + [True] * 4 + [False]
+                              + [True] * 2 + [False] + [True] * 3 + [False]))
     if report.get("skipped"):
         lines.append(f"skipped (time budget): {', '.join(' '.join(map(str, s)) for s in report['skipped'])}")
     if report.get("stopped"):

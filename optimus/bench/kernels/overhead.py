@@ -52,6 +52,7 @@ import optimus.kernels as K  # noqa: E402  (after TRITON_INTERPRET is set)
 from optimus.kernels.linear import vendor as routing_mod  # noqa: E402
 from optimus.kernels.linear.eager import set_gl_route  # noqa: E402
 from optimus.kernels.runtime import tables as _dt  # noqa: E402
+from optimus.core.table import format_table  # noqa: E402
 
 
 def _launch_modules(pkg):
@@ -204,12 +205,12 @@ def host_mode(out_dir, groups=(4, 16)):
         r["table_stats"] = _dt.stats()
         rows.append(r)
         print(json.dumps(r), flush=True)
-    head = ("host time per call (us, CPU, launches stubbed; min over repeats of the mean)\n"
-            f"{'G':>4} {'gl fwd':>8} {'gl step':>8} {'step same-x':>11} {'ln fwd':>8} {'ln step':>8} "
-            f"{'gl calls':>8} {'ln calls':>8} {'loop step (CPU F.linear)':>24}")
-    lines = [head] + [f"{r['G']:>4} {r['gl_fwd_us']:8.1f} {r['gl_step_us']:8.1f} {r['gl_step_same_inputs_us']:11.1f} "
-                      f"{r['ln_fwd_us']:8.1f} {r['ln_step_us']:8.1f} {r['gl_step_pycalls']:8.0f} "
-                      f"{r['ln_step_pycalls']:8.0f} {r['loop_linear_step_cpu_us']:24.1f}" for r in rows]
+    cells = [[r["G"], f"{r['gl_fwd_us']:.1f}", f"{r['gl_step_us']:.1f}", f"{r['gl_step_same_inputs_us']:.1f}",
+              f"{r['ln_fwd_us']:.1f}", f"{r['ln_step_us']:.1f}", f"{r['gl_step_pycalls']:.0f}",
+              f"{r['ln_step_pycalls']:.0f}", f"{r['loop_linear_step_cpu_us']:.1f}"] for r in rows]
+    lines = ["host time per call (us, CPU, launches stubbed; min over repeats of the mean)",
+             format_table(["G", "gl fwd", "gl step", "step same-x", "ln fwd", "ln step", "gl calls", "ln calls",
+                           "loop step (CPU F.linear)"], cells, [True] * 9)]
     table = "\n".join(lines)
     print(table)
     if out_dir:
@@ -383,11 +384,11 @@ def _routes_from(cases, device_name):
 
 
 def _x(a, b):
-    return f"{a / b:5.2f}" if a and b else "    -"
+    return f"{a / b:.2f}" if a and b else "-"
 
 
 def _fmt(v):
-    return f"{v:7.3f}" if isinstance(v, (int, float)) else "      -"
+    return f"{v:.3f}" if isinstance(v, (int, float)) else "-"
 
 
 def gpu_table(report):
@@ -395,8 +396,7 @@ def gpu_table(report):
          f"triton {report['triton']}  autotune={report['autotune']}",
          "eager fwd+bwd step ms (CUDA events, 3 input sets rotated; 'same' = one input set), graph = CUDA-graph replay ms;"
          " x = loop (or bmm floor) / impl"]
-    L.append(f"{'case':22} {'impl':12} {'fwd':>7} {'step':>7} {'same':>7} {'graph':>7} {'x loop':>6} {'x loopG':>7} "
-             f"{'x bmmF':>6} {'x bmmFG':>7}  err / note")
+    rows = []
     for c in report["cases"]:
         ms, gm = c["ms"], c["graph_ms"]
         impls = [k for k in ms if not k.endswith(("_fwd", "_same_inputs"))] + \
@@ -405,10 +405,12 @@ def gpu_table(report):
             err = c["rel_err"].get(impl)
             note = c["errors"].get(impl) or c["errors"].get(impl + "_graph") or \
                 (f"{err.get('y', 0):.4f}/{err.get('grads', 0):.4f}" if err else "")
-            L.append(f"{c['case']:22} {impl:12} {_fmt(ms.get(impl + '_fwd'))} {_fmt(ms.get(impl))} "
-                     f"{_fmt(ms.get(impl + '_same_inputs'))} {_fmt(gm.get(impl))} "
-                     f"{_x(ms.get('loop'), ms.get(impl)):>6} {_x(gm.get('loop'), gm.get(impl)):>7} "
-                     f"{_x(ms.get('bmm_floor'), ms.get(impl)):>6} {_x(gm.get('bmm_floor'), gm.get(impl)):>7}  {note[:70]}")
+            rows.append([c["case"], impl, _fmt(ms.get(impl + "_fwd")), _fmt(ms.get(impl)),
+                         _fmt(ms.get(impl + "_same_inputs")), _fmt(gm.get(impl)),
+                         _x(ms.get("loop"), ms.get(impl)), _x(gm.get("loop"), gm.get(impl)),
+                         _x(ms.get("bmm_floor"), ms.get(impl)), _x(gm.get("bmm_floor"), gm.get(impl)), note[:70]])
+    L.append(format_table(["case", "impl", "fwd", "step", "same", "graph", "x loop", "x loopG", "x bmmF", "x bmmFG",
+                           "err / note"], rows, [False, False] + [True] * 8 + [False]))
     L.append("routes (fastest eager step per measured signature class): " +
              ", ".join(f"{r['case']}->{r['best']} (graph: {r['graph_best']})" for r in report["routes"]))
     if report.get("stopped"):
@@ -543,12 +545,12 @@ def host_compare(baseline_root: str, out_dir: str, groups=(4, 16), rounds: int =
                      baseline_median_us=sorted(tb)[rounds // 2], this_median_us=sorted(ta)[rounds // 2])
             rows.append(r)
             print(json.dumps(r), flush=True)
+    cells = [[r["G"], r["what"], f"{r['baseline_us']:.1f}", f"{r['this_us']:.1f}", f"{r['baseline_us'] / r['this_us']:.2f}",
+              f"{r['baseline_median_us']:.1f}", f"{r['this_median_us']:.1f}"] for r in rows]
     lines = ["host time per call, in-process A/B (us, thread CPU time, launches stubbed, min / median of "
-             f"{rounds} alternating rounds)", f"{'G':>4} {'call':8} {'baseline':>9} {'this':>9} {'ratio':>6} "
-             f"{'base med':>9} {'this med':>9}"]
-    lines += [f"{r['G']:>4} {r['what']:8} {r['baseline_us']:9.1f} {r['this_us']:9.1f} "
-              f"{r['baseline_us'] / r['this_us']:6.2f} {r['baseline_median_us']:9.1f} {r['this_median_us']:9.1f}"
-              for r in rows]
+             f"{rounds} alternating rounds)",
+             format_table(["G", "call", "baseline", "this", "ratio", "base med", "this med"], cells,
+                          [True, False] + [True] * 5)]
     print("\n".join(lines))
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)

@@ -11,6 +11,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ...core.table import format_table
 from .generate import generate
 from .oracle import ALIASING_MODES, OK, SKIP, CaseResult, _quiet, check_case, reference, resolve_passes
 from .program import LEVELS, Case, combine
@@ -75,13 +76,12 @@ class FuzzResult:
             classes = collections.Counter(f.key for f in self.failures)
             for key, n in classes.most_common():
                 first = next(f for f in self.failures if f.key == key)
-                out.append(f"  x{n:<4} {key}  (e.g. {first.case.label}, {len(first.minimized.stmts)} statements)")
+                out.append(f"  x{n} {key}  (e.g. {first.case.label}, {len(first.minimized.stmts)} statements)")
         if self.stopped:
             out.append(f"stopped early: {self.stopped}")
         names = sorted({n for c in self.fired.values() for n in c})
-        out.append(f"{'rewrites per rule':<40}" + "".join(f"{lv:>10}" for lv in self.levels))
-        for n in names:
-            out.append(f"  {n:<38}" + "".join(f"{self.fired.get(lv, {}).get(n, 0):>10}" for lv in self.levels))
+        rows = [[n, *(self.fired.get(lv, {}).get(n, 0) for lv in self.levels)] for n in names]
+        out.append(format_table(["rewrites per rule", *self.levels], rows, [False] + [True] * len(self.levels)))
         config = optimus.resolve(resolve_passes(self.passes))
         selected = list(dict.fromkeys(r.name for lv in self.levels for r in config.rules_for(lv)))
         never = [n for n in selected if n not in names]

@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any, Sequence
 
+from ...cli_json import add_json_arguments, json_targets
 from .campaign import DYNAMIC_MODES, FuzzResult, fuzz
 from .generate import generate
 from .oracle import ALIASING_MODES, resolve_passes
@@ -41,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="symbolic shapes: 'mixed' (default: dynamic=True for ~15%% of cases), 'always' (also plain --dynamic: "
         "every case compiled with dynamic=True), 'never'",
     )
-    p.add_argument("--json", metavar="FILE", default=None, help="write the summary and every failure as JSON")
+    add_json_arguments(p, "the summary and every failure", file_form=True)
     p.add_argument("--max-seconds", type=float, default=None, help="stop starting new cases after this many seconds")
     p.add_argument("--max-failures", type=int, default=10, help="stop after this many failing cases (default 10)")
     p.add_argument("--shrink-seconds", type=float, default=90.0, help="time to minimize each failure (default 90; 0 = off)")
@@ -67,16 +68,18 @@ def run_cli(args: argparse.Namespace) -> int:
     import optimus
 
     optimus.resolve(resolve_passes(passes))  # a bad name fails here, before any work
+    as_json, json_path = json_targets(args)
+    text = sys.stderr if as_json else sys.stdout  # with --json, stdout holds the JSON alone
 
     def progress(res: FuzzResult) -> None:
-        print(res.progress_line(), flush=True)
+        print(res.progress_line(), file=text, flush=True)
 
     def on_failure(f: Failure) -> None:
         if f.tries:
-            print(f.reproducer(), flush=True)
+            print(f.reproducer(), file=text, flush=True)
         else:  # not minimized (its class was seen before, or the shrink budget is spent)
             first = f.message.splitlines()[0] if f.message else ""
-            print(f"FAILURE {f.kind} at {f.level} ({f.case.label}), not minimized: {first[:200]}", flush=True)
+            print(f"FAILURE {f.kind} at {f.level} ({f.case.label}), not minimized: {first[:200]}", file=text, flush=True)
 
     res = fuzz(
         cases=args.cases,
@@ -93,10 +96,13 @@ def run_cli(args: argparse.Namespace) -> int:
         progress=None if args.quiet else progress,
         on_failure=on_failure,
     )
-    print(res.summary(), flush=True)
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(res.to_dict(), fh, indent=2, default=repr)
+    print(res.summary(), file=text, flush=True)
+    data = res.to_dict()
+    if json_path is not None:
+        with open(json_path, "w") as fh:
+            json.dump(data, fh, indent=2, default=repr)
+    if as_json:
+        print(json.dumps(data, indent=2, default=repr))
     return 1 if res.failed_cases else 0
 
 
