@@ -85,9 +85,9 @@ _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Epilogues the grouped-linear kernel fuses: canonical op -> the kernel's activation name.
 _EPILOGUES = {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "silu": "silu", "gelu": "gelu"}
 
-UNIFORM_LINEAR = "uniform shapes: batch_linear (bmm) handles them"
+UNIFORM_LINEAR = "uniform shapes over separate inputs: batch_linear (bmm) handles them"
 UNIFORM_MM = "uniform shapes: batch_mm (bmm) handles them"
-UNIFORM_LAYER_NORM = "uniform shapes: batch_layer_norm (stack) handles them"
+UNIFORM_LAYER_NORM = "uniform shapes over separate inputs: batch_layer_norm (stack) handles them"
 TRAINING_GRAPH = (
     "training graph at Aten-IR: the forward is already partitioned and the grouped op's backward "
     "cannot be placed in the separate backward graph (the Torch-IR rule covers training)"
@@ -244,28 +244,33 @@ def _check_profitable(g: Group, kernels_before: int, operand_lists: Sequence[Seq
 
 def _columns_of(view: GraphView, xs: Sequence[Any]) -> tuple[fx.Node, list[int]] | None:
     """``(x, order)`` when the members' inputs are the chunks of one ``split(x, sizes, -1)``,
-    every chunk read by exactly one member (member ``order[j]`` reads chunk ``j``): the column
-    layout then reads ``x`` where it lies, with no pack. ``None`` otherwise."""
-    split, sc, chunk_of = None, None, {}
+    or the features of one ``unbind(x, -2)`` (a ``(rows, T, d)`` tensor whose feature ``j`` is
+    the column block ``j`` of ``x.reshape(rows, T * d)``), every chunk read by exactly one
+    member (member ``order[j]`` reads chunk ``j``): the column layout then reads ``x`` where it
+    lies, with no pack. ``None`` otherwise."""
+    source, chunk_of = None, {}
     for i, v in enumerate(xs):
         call = view.classify(v) if isinstance(v, fx.Node) else None
         if call is None or call.op != "getitem" or not is_int(call.args["index"]):
             return None
         src = call.input
-        if split is None:
+        if source is None:
             sc = view.classify(src) if isinstance(src, fx.Node) else None
             rank = view.rank(sc.input) if sc is not None else None
-            if sc is None or sc.op != "split" or rank is None or sc.args["dim"] != rank - 1:
+            if sc is None or rank is None:
                 return None
-            if not isinstance(sc.args["sizes"], list) or not all(is_int(z) for z in sc.args["sizes"]):
+            if sc.op == "split":
+                if sc.args["dim"] != rank - 1 or not isinstance(sc.args["sizes"], list) or not all(is_int(z) for z in sc.args["sizes"]):
+                    return None
+            elif sc.op != "unbind" or rank != 3 or sc.args["dim"] != 1:
                 return None
-            split = src
-        elif src is not split:
+            source = src
+        elif src is not source:
             return None
         chunk_of[int(call.args["index"])] = i
-    if split is None or len(chunk_of) != len(xs) or sorted(chunk_of) != list(range(num_outputs(view, split) or -1)):
+    if source is None or len(chunk_of) != len(xs) or sorted(chunk_of) != list(range(num_outputs(view, source) or -1)):
         return None
-    base = sc.input
+    base = view.classify(source).input
     if _input_shape(view, base) is None:
         return None
     return base, [chunk_of[j] for j in range(len(xs))]
@@ -319,6 +324,8 @@ def _emit_input(b: Builder, columns: tuple[fx.Node, list[int]] | None, xs: Seque
         return _pack(b, xs), "packed"
     lead, width = tuple(shapes[0][:-1]), sum(s[-1] for s in shapes)
     base = b.value(columns[0])
+    if len(lead) == 1 and b.graph_view.rank(base) == 3:  # unbind(x, 1)'s features: x as (rows, T * d)
+        return b.reshape(base, [-1, width]), "columns"
     return (base if len(lead) == 1 else b.reshape(base, [math.prod(lead), width])), "columns"
 
 
@@ -438,8 +445,12 @@ def _on_a_gpu(g: Group) -> str | None:
 
 
 def _linear_shapes_differ(g: Group) -> str | None:
+    """Uniform groups are batch_linear's (one bmm; it runs first), except over the chunks of
+    one split (the column layout): there the bmm's stack copies the input where this op
+    reads it in place, so a group batch_linear left (the planner declined its stack on
+    memory) is taken here."""
     shapes = {(_shape_key(_input_shape(g.view, c.input)), _static_shape(g.view, c.args["weight"])) for c in g.members}
-    return UNIFORM_LINEAR if len(shapes) == 1 else None
+    return UNIFORM_LINEAR if len(shapes) == 1 and _column_layout(g) is None else None
 
 
 @group_rule(
@@ -564,7 +575,10 @@ def _layer_norm_key(call: Call, view: GraphView) -> Hashable:
 
 
 def _layer_norm_shapes_differ(g: Group) -> str | None:
-    return UNIFORM_LAYER_NORM if len({_shape_key(_input_shape(g.view, c.input)) for c in g.members}) == 1 else None
+    """Uniform groups are batch_layer_norm's, except in the column layout (read in place; see
+    ``_linear_shapes_differ``)."""
+    uniform = len({_shape_key(_input_shape(g.view, c.input)) for c in g.members}) == 1
+    return UNIFORM_LAYER_NORM if uniform and _column_layout(g) is None else None
 
 
 @group_rule(

@@ -175,10 +175,12 @@ def test_uniform_groups_are_left_to_bmm(level):
     f, ps = params_as_inputs(HeteroTowers((6,) * 5, (4,) * 5))
     rule = "grouped_linear" if level == "torch_ir" else "grouped_mm"
     run = check_level(f, [torch.randn(4, 30)] + ps, level, passes=[rule], grad=level == "torch_ir")
-    assert run.matched(rule) == 0
-    reason = gk.UNIFORM_LINEAR if level == "torch_ir" else gk.UNIFORM_MM
-    assert declines(run, rule).get(reason, 0) == 5
-    # with every rule on, the bmm rules take them
+    if level == "torch_ir":
+        # chunks of one split: without batch_linear, the column layout reads them in place
+        assert run.matched(rule) == 1 and custom_calls(run.graphs[0], "grouped_linear")[0][-1] == "columns"
+    else:
+        assert run.matched(rule) == 0 and declines(run, rule).get(gk.UNIFORM_MM, 0) == 5
+    # with every rule on, the bmm rules (first in order) take them
     run = check_level(f, [torch.randn(4, 30)] + ps, level, grad=level == "torch_ir")
     assert run.matched(rule) == 0 and (run.matched("batch_linear") + run.matched("batch_mm")) >= 1
 
@@ -522,3 +524,36 @@ def test_random_towers_match_eager_in_either_layout(seed):
     inputs = [torch.randn(*lead, sum(ins))] + [p for ps in params for p in ps]
     for level in LEVELS:
         check_level(f, inputs, level, grad=level == "torch_ir")
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_towers_over_the_features_of_an_unbind_read_them_in_place(level):
+    """``unbind(x, 1)`` of a (rows, T, d) tensor gives features that are the column blocks of
+    ``x.reshape(rows, T * d)``: the column layout reads them there (no pack of the inputs)."""
+    torch.manual_seed(19)
+    outs = (4, 6, 3, 8, 5)
+    ws = [torch.randn(n, 7) for n in outs]
+
+    def f(x, *w):
+        return torch.cat([torch.relu(F.linear(feature, wi)) for feature, wi in zip(x.unbind(1), w)], -1)
+
+    run = check_level(f, [torch.randn(6, len(outs), 7)] + ws, level, grad=level == "torch_ir")
+    assert run.matched("grouped_linear" if level == "torch_ir" else "grouped_mm") == 1
+    (gl,) = custom_calls(run.graphs[0], "grouped_linear")
+    assert gl[-1] == "columns" and gl[4:6] == ([7] * len(outs), list(outs)), gl[3:]
+
+
+def test_uniform_towers_over_one_split_take_the_grouped_op_when_the_bmm_is_declined():
+    """batch_linear runs first and takes a uniform group; where it declines (here: its stack
+    of the chunks, too large for max_stack_bytes), the column layout reads the chunks in place."""
+    torch.manual_seed(20)
+    ws = [torch.randn(5, 4) for _ in range(6)]
+
+    def f(x, *w):
+        return torch.cat([torch.relu(F.linear(c, wi)) for c, wi in zip(x.split(4, -1), w)], -1)
+
+    passes = {"torch_ir": {"batch_linear": {"max_stack_bytes": 0}, "grouped_linear": True, "canonicalize_split_cat_args": True}}
+    run = check_level(f, [torch.randn(8, 24)] + ws, "torch_ir", passes=passes)
+    (gl,) = custom_calls(run.graphs[0], "grouped_linear")
+    assert gl[-1] == "columns"
+    assert run.matched("batch_linear") == 0
