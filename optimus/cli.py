@@ -81,7 +81,7 @@ def _cmd_rules(args: argparse.Namespace) -> int:
         print(rules_markdown(rules))
         return 0
     if args.json:
-        print(json.dumps([{"name": r.name, "kind": r.kind, "levels": list(r.levels), "anchors": list(r.anchors), "priority": r.priority, "options": r.option_defaults()} for r in rules], indent=2, default=repr))
+        print(json.dumps([{"name": r.name, "kind": r.kind, "levels": list(r.levels), "anchors": list(r.anchors), "stage": r.stage, "options": r.option_defaults()} for r in rules], indent=2, default=repr))
         return 0
     print(f"{'rule':<36}{'kind':<14}{'levels':<22}{'anchor':<22}")
     for r in rules:
@@ -116,7 +116,7 @@ def rules_markdown(rules: list[Any]) -> str:
         lines += [f"## {kind}", ""]
         for r in chosen:
             default = "" if r.default else " (off by default: enable by name)"
-            lines += [f"### `{r.name}`{default}", "", f"levels: {', '.join(r.levels)} · anchor: {', '.join(r.anchors)} · priority {r.priority}"]
+            lines += [f"### `{r.name}`{default}", "", f"levels: {', '.join(r.levels)} · anchor: {', '.join(r.anchors)} · stage {r.stage}"]
             if r.option_defaults():
                 lines.append(f"· options: {', '.join(f'{k}={v!r}' for k, v in r.option_defaults().items())}")
             lines += ["", "```", r.doc.strip() or "(no docstring)", "```", ""]

@@ -4,7 +4,7 @@ For one graph at one level (Torch-IR or Aten-IR; the Inductor-IR driver is
 ``optimus.inductor_ir.passes``):
 
 1. A worklist holds every node (in graph order). For a node, the rules anchored at its
-   canonical op are tried in priority order; the first that rewrites wins.
+   canonical op are tried in their stage order; the first that rewrites wins.
 2. A rewrite is a transaction: the rule's pattern matches, the driver refuses regions
    that touch tensors mutated in place, the rule's conditions run, the replacement emits
    new nodes through a ``Builder``; then ``transaction.Surgery`` validates (shapes and

@@ -93,6 +93,7 @@ class GroupRule(Rule):
     anchors: tuple[str, ...]  # type: ignore[assignment]
     key: Callable[[Call, GraphView], Hashable | None]
     kind: str = "horizontal"
+    stage: str = "batch_elementwise"
     #: ``copies(group)``: the member operands the replacement copies into new buffers each
     #: step (stacks, packs, concatenations), one list per operand with a value per member;
     #: the planner's memory estimate counts their bytes. Without it the planner assumes
@@ -148,7 +149,7 @@ group_rule = rule_decorator(
     "anchors",
     fixed={"kind": "horizontal"},
     name="group_rule",
-    doc="""``@group_rule(anchor_ops, key=..., where=[...], levels=..., priority=..., options=...,
+    doc="""``@group_rule(anchor_ops, key=..., where=[...], levels=..., stage=..., options=...,
     knobs={"min_group": ..., "max_group": ...})``: the group replacement
     ``fn(g, b)`` becomes a registered horizontal ``GroupRule`` (see ``rule.rule_decorator``).""",
 )

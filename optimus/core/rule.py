@@ -1,7 +1,7 @@
 """Rules: one protocol for every level (Torch-IR, Aten-IR, Inductor-IR).
 
 Every rule is a ``Rule``: a name, a kind (``canonicalize``, ``vertical``, ``horizontal``),
-the levels it runs at, its anchor ops, a priority, options, conditions, a replacement
+the levels it runs at, its anchor ops, its stage, options, conditions, a replacement
 (``replace(m, b)``), a docstring and a fingerprint. Three kinds of rule share it:
 
 ==================  =====================  ====================================  =========================
@@ -35,11 +35,15 @@ runs first, on the anchor alone (``m.anchor``, ``m.view``, the helpers, the root
 ``.bind`` capture), to turn nodes away before the rest of the pattern is matched;
 conditions run after the whole match and see every capture.
 
-**Priority**: lower runs first (``0`` canonicalizes before everything). It is the rule's
-place in one catalogue, the order ``optimus rules`` lists and the driver tries rules at
-an anchor; MLIR's *benefit* runs the other way (higher first), but there it weighs
-patterns competing for one root, while here the order is global and documented
-(``tests/core/test_registry.py`` checks it ascends), so the numbers were kept.
+**Order**: a rule names its **stage** (``stage="fold"``; ``registry.STAGES`` lists them,
+in the order they run, each with what its rules do): canonical forms first, then removals,
+folds, conversions, moves, and the group rules by what they batch. Within a stage, rules
+run in the order they were registered: the built-in families in the order
+``optimus/rules/__init__.py`` imports them, each module's rules in the order it defines
+them. Only rules that can meet compare: the FX driver tries the pattern rules anchored at
+one op in that order (the first that rewrites wins), and a round runs the group rules in
+it, as tinygrad's rule lists and MLIR's per-root benefit order what competes, with no
+numbers shared across files (``tests/core/test_rule_order.py`` holds the order per anchor).
 
 **Options** are the rule's own settings, read by its conditions and replacement as
 ``m.options[...]``. **Knobs** are the per-rule settings the level's *driver* reads for a
@@ -65,7 +69,7 @@ import torch.fx as fx
 
 from .levels import LEVELS
 from .pattern import MatchState, Op, Pattern
-from .registry import KINDS, REGISTRY
+from .registry import KINDS, REGISTRY, STAGES
 from .view import GraphView, getitem_users
 from .vocab import DEFAULTS, SCHEMAS, Call, ParamRef
 
@@ -78,6 +82,7 @@ __all__ = [
     "Match",
     "PatternRule",
     "Rule",
+    "STAGES",
     "condition_reason",
     "met",
     "rule",
@@ -303,7 +308,7 @@ class Rule:
     replace: Callable[..., Any]
     kind: str = "vertical"
     levels: tuple[str, ...] = ("torch_ir", "aten_ir")
-    priority: int = 100  # lower runs first
+    stage: str = "fold"  # where it runs among the level's rules (``registry.STAGES``)
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
     knobs: dict[str, Any] = dataclasses.field(default_factory=dict)
     conditions: tuple[Condition, ...] = ()
@@ -327,6 +332,8 @@ class Rule:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"rule {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
+        if self.stage not in STAGES:
+            raise ValueError(f"rule {self.name!r}: stage must be one of {tuple(STAGES)}, got {self.stage!r}")
         self.levels = tuple(self.levels)
         bad = [lv for lv in self.levels if lv not in LEVELS]
         if bad:
@@ -397,7 +404,7 @@ class Rule:
         """Changes whenever the rule's code (replacement, conditions, filters, keys),
         what it matches, or its default options change."""
         h = hashlib.sha256()
-        h.update(f"{type(self).__name__}:{self.name}:{self.kind}:{self.priority}".encode())
+        h.update(f"{type(self).__name__}:{self.name}:{self.kind}:{self.stage}".encode())
         h.update(self.structure().encode())
         h.update(repr(sorted(self.option_defaults().items())).encode())
         for fn in self.code():
@@ -417,7 +424,7 @@ class Rule:
 class PatternRule(Rule):
     """A local rule: a pattern tree over the vocabulary whose root op is the anchor.
 
-    The FX driver tries it on nodes of the anchor op, in priority order; the match is a
+    The FX driver tries it on nodes of the anchor op, in stage order; the match is a
     ``Match``, the builder a ``Builder``, the result the node replacing the anchor or an
     ``{old: new}`` dict.
     """
@@ -499,7 +506,7 @@ def rule_decorator(cls: type[Rule], subject: str, *, fixed: Mapping[str, Any] | 
     ``what`` (the pattern, or a group rule's anchor ops) becomes the field ``subject``;
     ``where`` the conditions; ``name`` defaults to the function's name and ``doc`` to its
     docstring; every other keyword is a field of ``cls`` (``kind``, ``levels``,
-    ``priority``, ``options``, ``knobs``, ``default``, and the kind's own).
+    ``stage``, ``options``, ``knobs``, ``default``, and the kind's own).
     ``fixed`` are fields the kind sets itself. The rule joins the registry at once
     (``register=False`` to build it only): every later ``optimus.compile`` whose passes
     include its kind and level uses it, and the compile-cache key changes with it.
@@ -510,6 +517,11 @@ def rule_decorator(cls: type[Rule], subject: str, *, fixed: Mapping[str, Any] | 
         clash = sorted(set(fields) & set(fixed))
         if clash:
             raise TypeError(f"{decorator.__name__}() sets {', '.join(clash)} itself")
+        if "priority" in fields:
+            raise TypeError(
+                f"{decorator.__name__}() takes no priority: a rule names its stage (stage=, one of "
+                f"{', '.join(STAGES)}) and runs after the rules registered before it in that stage"
+            )
 
         def wrap(fn: Callable[..., Any]) -> Any:
             r = cls(name=name or fn.__name__, replace=fn, conditions=tuple(where), doc=inspect.getdoc(fn) or "", **{subject: what}, **fixed, **fields)
@@ -528,6 +540,6 @@ rule = rule_decorator(
     PatternRule,
     "pattern",
     name="rule",
-    doc="""``@rule(pattern, where=[...], kind=..., levels=..., priority=..., options=...)``:
+    doc="""``@rule(pattern, where=[...], kind=..., levels=..., stage=..., options=...)``:
     the replacement ``fn(m, b)`` becomes a registered ``PatternRule`` (see ``rule_decorator``).""",
 )

@@ -6,7 +6,7 @@ and ``config._post_fusion_custom_pass(nodes)`` right after it. Optimus installs 
 
 * every node is classified through ``SchedulerView``; unknown node types are left
   untouched and reported (``unknown node type <T>``);
-* each enabled ``FusionRule`` for that hook runs in priority order; the driver owns the
+* each enabled ``FusionRule`` for that hook runs in registry order; the driver owns the
   legality checks (same device, no dependency path, no cycle, Inductor's own
   ``can_fuse``, and for combo kernels ``legality``'s member checks and a trial codegen)
   and the fusion itself (Inductor's ``fuse_two_nodes`` / combo nodes), records matches,

@@ -5,7 +5,7 @@ the unit of change is a *decision*: which scheduler nodes become one kernel. A
 ``FusionRule`` is a ``PatternRule`` (``optimus.core.rule``) -- a name, a pattern over the
 canonical vocabulary (here the scheduler-node kinds of ``view.KIND_SCHEMAS``), conditions
 whose docstrings become decline reasons, a silent ``.such_that`` filter, a replacement
-that builds through a builder, kind, priority, options, knobs -- and adds how
+that builds through a builder, kind, stage, options, knobs -- and adds how
 candidates pair up:
 
 ``pairing="independent"``
@@ -179,6 +179,7 @@ class FusionRule(PatternRule):
     """A rule deciding which scheduler nodes become one kernel (or one launch)."""
 
     kind: str = "horizontal"
+    stage: str = "fuse_kernels"
     levels: tuple[str, ...] = ("inductor_ir",)
     pairing: str = "independent"
     hook: str = "post_fusion"
@@ -216,7 +217,7 @@ fusion_rule = rule_decorator(
     "pattern",
     fixed={"levels": ("inductor_ir",)},
     name="fusion_rule",
-    doc="""``@fusion_rule(pattern, pairing=..., where=[...], kind=..., hook=..., priority=...,
+    doc="""``@fusion_rule(pattern, pairing=..., where=[...], kind=..., hook=..., stage=...,
     options=..., knobs=..., bucket=...)``: the replacement ``fn(m, b)`` becomes a registered
     Inductor-IR ``FusionRule`` (see ``optimus.core.rule.rule_decorator``).""",
 )

@@ -310,7 +310,7 @@ def _packed_indices(g: Group) -> list[list[Any]]:
     ("embedding", "embedding_bag"),
     key=_lookup_key,
     where=[_every_lookup_supported, _on_a_gpu, _fewer_launches],
-    priority=100,
+    stage="batch_lookups",
     options={"deterministic": True},
     copies=_packed_indices,
     custom_op=True,

@@ -3,7 +3,8 @@
 Written like every other rule: a pattern over the scheduler-node kinds
 (``optimus.inductor_ir.view``), conditions whose docstrings are the decline reasons, a
 replacement that returns a fusion decision through the builder. Three rules, run after
-Inductor's own fusion, in priority order:
+Inductor's own fusion, in the order this module defines them (their stage is
+``fuse_kernels``):
 
 * ``fuse_producer_consumer`` (vertical): producer/consumer kernels that Inductor's own
   fusion check accepts but its fusion loop left apart;
@@ -91,7 +92,6 @@ def _reductions_within_max_rnumel(m: FusionMatch) -> bool:
     KERNEL,
     pairing="producer_consumer",
     kind="vertical",
-    priority=10,
     where=[_within_max_nodes],
     options={"max_nodes": 64},
     knobs={"max_rounds": 10, "relaxed": False},
@@ -117,7 +117,6 @@ def fuse_producer_consumer(m: FusionMatch, b: FusionBuilder):
     KERNEL,
     pairing="independent",
     kind="horizontal",
-    priority=20,
     where=[_within_max_kernels, _within_max_nodes, _within_max_accesses, _within_max_loads, _within_max_work, _near_in_schedule, _same_cpu_region],
     options={"max_kernels": 8, "max_nodes": 64, "max_accesses": 64, "max_loads": 64, "max_work": 1 << 24, "max_distance": 64, "memory_increase": None},
     knobs={"max_attempts": 64},
@@ -149,7 +148,6 @@ def _combinable(m: FusionMatch) -> bool:
     Op(("pointwise", "reduction")).such_that(_combinable),
     pairing="combo",
     kind="horizontal",
-    priority=30,
     where=[_within_max_kernels, _within_max_accesses, _within_max_loads, _within_max_work, _reductions_within_max_rnumel, _near_in_schedule],
     options={"max_kernels": 8, "max_accesses": 64, "max_loads": 64, "max_work": 1 << 20, "max_rnumel": 2048, "max_distance": 64, "memory_increase": None},
     knobs={"max_attempts": 64, "verify_codegen": True, "benchmark": False},

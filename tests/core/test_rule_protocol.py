@@ -7,43 +7,16 @@ import torch
 import optimus
 from optimus import Op, Var
 from optimus.core.group import GroupRule, group_rule
-from optimus.core.registry import REGISTRY, resolve
+from optimus.core.registry import REGISTRY, STAGES, resolve
 from optimus.core.rule import PatternRule, Rule, rule, unmet
 from optimus.inductor_ir.rule import FusionRule, fusion_rule
 
-# The order the driver tries rules in, per level, recorded before the three kinds of rule
-# shared one base: the refactor kept every rule's place.
-ORDER = {
-    "torch_ir": [
-        "canonicalize_split_cat_args", "reshape_to_unsqueeze", "remove_single_section_split", "remove_inactive_dropout",
-        "remove_full_slice", "remove_identity_reshape", "remove_identity_permute", "cancel_unsqueeze_squeeze",
-        "cancel_squeeze_unsqueeze", "cat_split_to_inputs", "slice_of_cat_to_input", "select_of_cat_to_input",
-        "fold_slice_of_range", "fold_select_of_range", "split_cat_to_identity", "stack_unbind_to_inputs",
-        "select_of_stack_to_input", "fold_reshape_chain", "fold_permute_chain", "cat_adjacent_segments",
-        "split_cat_other_dim_to_view", "split_stack_to_view", "merge_splits", "unbind_stack_to_view",
-        "unbind_cat_to_view", "einsum_to_pointwise", "split_squeeze_to_unbind", "hoist_pointwise_through_split",
-        "sink_pointwise_into_cat", "batch_linear_lhs", "batch_linear", "batch_layer_norm", "batch_pointwise",
-    ],
-    "aten_ir": [
-        "canonicalize_split_cat_args", "reshape_to_unsqueeze", "remove_single_section_split", "remove_inactive_dropout",
-        "remove_full_slice", "remove_identity_reshape", "remove_identity_permute", "cancel_unsqueeze_squeeze",
-        "cancel_squeeze_unsqueeze", "cat_split_to_inputs", "slice_of_cat_to_input", "select_of_cat_to_input",
-        "fold_slice_of_range", "fold_select_of_range", "split_cat_to_identity", "stack_unbind_to_inputs",
-        "select_of_stack_to_input", "fold_reshape_chain", "fold_permute_chain", "cat_adjacent_segments",
-        "split_cat_other_dim_to_view", "split_stack_to_view", "merge_splits", "unbind_stack_to_view",
-        "unbind_cat_to_view", "split_squeeze_to_unbind", "hoist_pointwise_through_split", "sink_pointwise_into_cat",
-        "batch_linear_lhs", "batch_linear", "batch_mm", "batch_pointwise",
-    ],
-    "inductor_ir": ["fuse_producer_consumer", "fuse_independent_kernels", "combo_small_kernels"],
-}
-
-
-def test_per_level_rule_order_is_unchanged():
-    builtin = {name for names in ORDER.values() for name in names}
-    for level, names in ORDER.items():
-        assert [r.name for r in REGISTRY.rules(level) if r.name in builtin] == names, level
-        prios = [REGISTRY.get(n).priority for n in names]
-        assert prios == sorted(prios), f"{level}: lower priority runs first"
+def test_rules_list_by_stage():
+    """The registry lists a level's rules stage by stage (the order at each anchor, which
+    is what the drivers use, is recorded in ``test_rule_order.py``)."""
+    for level in ("torch_ir", "aten_ir", "inductor_ir"):
+        ranks = [list(STAGES).index(r.stage) for r in REGISTRY.rules(level)]
+        assert ranks == sorted(ranks), level
 
 
 def test_three_kinds_one_base_one_catalogue():
@@ -150,7 +123,7 @@ def test_fingerprint_follows_code_options_and_filters():
     assert base.fingerprint() == make(filter_a).fingerprint()
     assert base.fingerprint() != make(filter_b).fingerprint()  # the filter's code is keyed
     assert base.fingerprint() != make(filter_a, {"n": 1}).fingerprint()
-    assert base.fingerprint() != make(filter_a, priority=7).fingerprint()
+    assert base.fingerprint() != make(filter_a, stage="convert").fingerprint()
     g1 = group_rule("relu", key=lambda c, v: 1, register=False)(lambda g, b: {})
     g2 = group_rule("relu", key=lambda c, v: 1, knobs={"min_group": 3}, register=False)(lambda g, b: {})
     assert g1.fingerprint() != g2.fingerprint()
