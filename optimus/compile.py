@@ -36,7 +36,7 @@ from .aten_ir.view import graph_kind
 from .core.runner import optimize_graph
 from .core.snapshot import restore, snapshot
 from .core.passkey import UuidKeyed
-from .core.registry import AUTO, PassConfig, resolve
+from .core.registry import AUTO, REGISTRY, PassConfig, resolve
 from .core import upstream_names
 from .core.report import Report
 from .planner import plan as planner_plan
@@ -57,22 +57,10 @@ DEFAULT_PASSES = "auto"
 TUNE_CANDIDATES = ("auto", "all", "vertical", "none")  # what tune=True measures per graph
 # Inductor's own autotuning is left out of the trial compiles (it would multiply their cost
 # by the GEMM search); the chosen plan compiles with it.
-# Rules that emit Triton custom ops not yet run under CUDA graphs. Under mode="reduce-overhead"
-# an op's cached device tables must not stay alive in a graph's pool, which cudagraph trees refuse
-# at the first replay ("tensors in the cudagraph pool not tracked as outputs"). The
-# grouped-linear and layer-norm ops allocate their tables off the routed thread
-# (kernels/runtime/tables.py) and run under cudagraph trees on the H200 (hetero_towers, training
-# and inference: outputs and gradients as eager's, faster than Inductor's CUDA graphs), so
-# grouped_linear, grouped_mm (the same op, at Aten-IR) and batched_layer_norm stay on there.
-# The grouped embedding-bag op has not run under capture: with OPTIMUS_CUDAGRAPH_KERNELS=1 its
-# rule stays on too, to measure it.
-CUDAGRAPH_UNSAFE_RULES = ("group_embedding_lookups",)
+# Under CUDA graphs (mode="reduce-overhead") the rules whose replacement has not run under
+# graph capture (the rule trait ``cudagraph_safe=False``) are left out, unless this variable
+# is "1" (to try them there); rules with ``cudagraph_options`` take those options there.
 CUDAGRAPH_KERNELS_ENV = "OPTIMUS_CUDAGRAPH_KERNELS"
-# Rule options turned off under CUDA graphs: batch_linear's optimus::packed_linear (packed
-# weights, docs/packing.md) runs correctly under capture on the H200 (with
-# OPTIMUS_CUDAGRAPH_KERNELS=1) but is not faster there (towers32 1.16x -> 0.99x Inductor's
-# CUDA graphs), so packed weights are stacked there.
-CUDAGRAPH_UNSAFE_OPTIONS = {("torch_ir", "batch_linear"): {"packed_weights": False}}
 TRIAL_OPTIONS_OFF = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise", "coordinate_descent_tuning")
 
 
@@ -245,19 +233,23 @@ class Session:
         return self._compile(gm, example_inputs, options, user, plain)
 
     def _without_capture_unsafe_rules(self, config: PassConfig, options: dict[str, Any]) -> PassConfig:
-        """Under CUDA graphs, the rules in ``CUDAGRAPH_UNSAFE_RULES`` are left out (said once),
-        unless ``OPTIMUS_CUDAGRAPH_KERNELS=1`` keeps them (an experiment; said too)."""
+        """Under CUDA graphs, the rules not safe under graph capture (``cudagraph_safe=False``)
+        are left out (said once), unless ``OPTIMUS_CUDAGRAPH_KERNELS=1`` keeps them (an
+        experiment; said too); the selected rules take their ``cudagraph_options``."""
         if not options.get("triton.cudagraphs"):
             return config
+        unsafe = [r.name for r in REGISTRY.rules() if not r.cudagraph_safe]
         if os.environ.get(CUDAGRAPH_KERNELS_ENV) == "1":
-            self.note_once(f"CUDA graphs: {CUDAGRAPH_KERNELS_ENV}=1 keeps {', '.join(CUDAGRAPH_UNSAFE_RULES)} on (experimental: its op has not run under capture yet)")
+            self.note_once(f"CUDA graphs: {CUDAGRAPH_KERNELS_ENV}=1 keeps {', '.join(unsafe)} on (experimental: its op has not run under capture yet)")
             return config
-        rules = {lv: tuple(r for r in names if r not in CUDAGRAPH_UNSAFE_RULES) for lv, names in config.rules.items()}
-        dropped = sorted({r for names in config.rules.values() for r in names} & set(CUDAGRAPH_UNSAFE_RULES))
+        rules = {lv: tuple(r for r in names if r not in unsafe) for lv, names in config.rules.items()}
+        dropped = sorted({r for names in config.rules.values() for r in names} & set(unsafe))
         options = dict(config.options)
-        for key, off in CUDAGRAPH_UNSAFE_OPTIONS.items():
-            if key[1] in config.rules.get(key[0], ()):
-                options[key] = {**options.get(key, {}), **off}
+        for level, names in rules.items():
+            for name in names:
+                off = REGISTRY.get(name).cudagraph_options.get(level) if name in REGISTRY else None
+                if off:
+                    options[(level, name)] = {**options.get((level, name), {}), **off}
         if dropped:
             self.note_once(f"CUDA graphs: {', '.join(dropped)} off (its Triton op has not run under graph capture yet; {CUDAGRAPH_KERNELS_ENV}=1 keeps it on)")
         return dataclasses.replace(config, rules=rules, options=options)

@@ -247,3 +247,57 @@ def test_kernel_family_rule_catches_a_cross_family_import():
     assert "optimus.kernels.layer_norm.reference" in targets
     assert _kernel_family("optimus.kernels.layer_norm.reference") == "layer_norm"
     assert _kernel_family("optimus.kernels.runtime.plans") is None
+
+
+# ----------------------------------------------------------------- rules named elsewhere
+#: Modules outside ``optimus/rules/`` that may hold a string equal to a registered rule's
+#: name, and why. ``None``: any rule name; else only the names listed.
+RULE_NAMES_ALLOWED: dict[str, tuple[frozenset[str] | None, str]] = {
+    "optimus/core/upstream_names.py": (None, "the table of upstream PyTorch's pass names and the Optimus rules doing each one's "
+                                             "job, an alias table (tests/core/test_upstream_names.py checks every name is a rule "
+                                             "running at its level)"),
+    "optimus/tools/gpu_check.py": (None, "a tool: it selects rules by name, as a user does"),
+    "optimus/tools/scale.py": (None, "a tool: it reads a rule's count from the report, as a user does"),
+    "optimus/tools/fuzz/shrink.py": (None, "a tool: the fuzzer's shrinker names the rewrite it does not count as a finding"),
+    "optimus/bench/kernels/grouped.py": (frozenset({"grouped_linear", "batched_layer_norm"}), "kernel names (a rule is named after the kernel it emits)"),
+    "optimus/bench/kernels/overhead.py": (frozenset({"grouped_mm"}), "a route of the grouped-linear kernel (torch's grouped_mm)"),
+}
+
+
+def _rule_name_literals() -> dict[str, set[str]]:
+    """Per module outside ``optimus/rules/``, the string constants equal to a registered
+    rule's name (docstrings and prose never equal one)."""
+    from optimus.core.registry import REGISTRY
+
+    names = set(REGISTRY.names())
+    found: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "optimus").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith("optimus/rules/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=rel)):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
+                found.setdefault(rel, set()).add(node.value)
+    return found
+
+
+def test_no_module_names_a_rule_but_its_own_file():
+    """Policy lives on the rule (its traits, read through the registry), never in a list of
+    names elsewhere: renaming a rule cannot silently lose it. The allowed exceptions are
+    listed above with their reasons; an entry no longer needed is an error too."""
+    found = _rule_name_literals()
+    bad = {}
+    for rel, names in found.items():
+        allowed, _ = RULE_NAMES_ALLOWED.get(rel, (frozenset(), ""))
+        extra = set() if allowed is None else names - allowed
+        if extra:
+            bad[rel] = sorted(extra)
+    assert not bad, f"modules naming rules outside their own file (declare a trait on the rule instead): {bad}"
+    stale = sorted(set(RULE_NAMES_ALLOWED) - set(found))
+    assert not stale, f"allow-list entries no longer needed: {stale}"
+
+
+def test_the_rule_name_check_finds_a_name():
+    tree = ast.parse('POLICY = ("batch_linear",)\n"""batch_linear stacks."""\n')
+    consts = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)]
+    assert "batch_linear" in consts and "batch_linear stacks." in consts

@@ -315,6 +315,22 @@ class Rule:
     doc: str = ""
     default: bool = True  # part of presets and level selections (else only when named)
 
+    # Traits: what the compile, the packing and the planner need to know of a rule, declared
+    # where it is defined and read through the registry (never by the rule's name).
+    #: Its replacement runs under CUDA graph capture. ``False``: left out of compiles under
+    #: CUDA graphs (``mode="reduce-overhead"``), said in the report; the environment variable
+    #: ``OPTIMUS_CUDAGRAPH_KERNELS=1`` keeps it, to try it there.
+    cudagraph_safe: bool = True
+    #: Options it takes under CUDA graphs, per level (``{"torch_ir": {"option": value}}``),
+    #: over what the user set: a variant that is correct under capture but does not pay there.
+    cudagraph_options: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    #: It reads parameters that ``optimus.pack_parameters`` laid out in one buffer in place
+    #: (instead of stacking them): packing by default pays only where such a rule runs.
+    reads_packed_parameters: bool = False
+    #: Its only gain is fewer kernel launches: under CUDA graphs a replay launches every
+    #: kernel from the device, so the planner (``passes="auto"``) leaves it out there.
+    saves_only_launches: bool = False
+
     #: Allowed ranges of this rule's numeric settings, ``{name: (lowest, highest)}``
     #: (``None``: unbounded), where the naming convention (``setting_range``) does not fit.
     ranges: dict[str, tuple[Any, Any]] = dataclasses.field(default_factory=dict)
@@ -354,6 +370,18 @@ class Rule:
         self.knobs = {**knobs, **given}
         for name, value in self.option_defaults().items():
             self.check_setting(name, value)  # a rule's own defaults obey its ranges
+        self.cudagraph_options = {lv: dict(opts) for lv, opts in (self.cudagraph_options or {}).items()}
+        for level, opts in self.cudagraph_options.items():
+            if level not in self.levels:
+                raise ValueError(f"rule {self.name!r}: cudagraph_options for {level!r}, where it does not run (it runs at {', '.join(self.levels)})")
+            for name, value in opts.items():
+                self.check_setting(name, value)
+
+    @property
+    def memory_bounded(self) -> bool:
+        """Its driver bounds the peak memory of what it merges by its ``memory_increase``
+        option (``None``: unbounded); the planner (``passes="auto"``) sets it."""
+        return "memory_increase" in self.option_defaults()
 
     # ``anchors``: defined by each kind of rule (a property of the pattern, or a field).
 

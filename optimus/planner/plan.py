@@ -3,9 +3,9 @@
 ``passes="auto"`` selects every rule (like ``"all"``) and attaches a ``Planner`` to the
 compile. The planner decides three things, each reported:
 
-1. **Which Inductor-IR rules run** (``configure``): under CUDA graphs a replay launches
-   every kernel from the device, so a fusion that only saves launches
-   (``combo_small_kernels``) saves nothing and is left out.
+1. **Which rules run** (``configure``): under CUDA graphs a replay launches every kernel
+   from the device, so a rule whose only gain is fewer launches (the rule trait
+   ``saves_only_launches``: combo kernels) saves nothing and is left out.
 2. **Whether a horizontal group pays** (``judge``, called by the FX driver once the
    replacement is built, before it is committed): the members' estimated device time
    against the new nodes' (``estimate.nodes_cost``: stacks and cats are copies, the
@@ -23,9 +23,9 @@ compile. The planner decides three things, each reported:
    fit, or when its members read consecutive parts of one tensor (``CUT_PARTS_WHY``).
    What a group copies is the rule's to say (``GroupRule.copies``).
 4. **How far the kernel-merging Inductor-IR rules may raise memory** (``rule_options``):
-   ``fuse_independent_kernels`` and ``combo_small_kernels`` get ``memory_increase``, and
-   their driver declines merges above it by Inductor's own estimate of the schedule's peak
-   (``inductor_ir.passes.ScheduleMemory``).
+   every rule with a ``memory_increase`` option (the trait ``Rule.memory_bounded``: the
+   rules merging independent kernels) gets it, and their driver declines merges above it
+   by Inductor's own estimate of the schedule's peak (``inductor_ir.passes.ScheduleMemory``).
 
 With ``tune=True`` (or ``mode="max-autotune"``) the compile also measures alternatives;
 that lives in ``optimus.compile`` (``Session._tuned``), built on ``tune`` and
@@ -42,6 +42,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from ..core.registry import REGISTRY
 from ..core.report import GraphReport
 from ..core.symbolic import size_hint
 from ..core.view import GraphView
@@ -50,13 +51,10 @@ from . import costmodel, estimate
 from ..rules.horizontal import stack_is_free
 from .memory import Liveness, MemoryBudget
 
-# Inductor-IR rules whose only gain is fewer launches: nothing under CUDA graphs.
-LAUNCH_ONLY_RULES = ("combo_small_kernels",)
-# Inductor-IR rules that merge independent kernels: the merged kernel runs where the first
-# did, so the second's outputs (and what it needs) are live earlier: unbounded, on towers32
-# inference these fusions alone took the H200's peak memory to 1.94x Inductor's. The planner bounds them
-# by Inductor's own estimate of the schedule's peak (their ``memory_increase`` option).
-MEMORY_BOUNDED_KERNEL_RULES = ("fuse_independent_kernels", "combo_small_kernels")
+# Rules that merge independent kernels run the merged kernel where the first ran, so the
+# second's outputs (and what it needs) are live earlier: unbounded, on towers32 inference
+# these fusions alone took the H200's peak memory to 1.94x Inductor's. The planner bounds
+# every rule that has a ``memory_increase`` option by it (``rule_options``).
 MEMORY_INCREASE = 0.02  # groups may raise a graph's estimated peak by at most 2% ...
 MEMORY_SLACK = 256 * 2**10  # ... or 256 KiB, whichever is more (a tiny graph's 2% is nothing)
 # A cut of a group over consecutive parts of one tensor turns each chunk's stack into a slice
@@ -157,20 +155,23 @@ class Planner:
         if not self.context.cudagraphs:
             return rules, notes
         out = dict(rules)
-        kept = tuple(r for r in rules.get("inductor_ir", ()) if r not in LAUNCH_ONLY_RULES)
-        for r in rules.get("inductor_ir", ()):
-            if r not in kept:
-                notes.append(f"planner: {r} off (it only saves launches, and CUDA graphs make launches free)")
-        out["inductor_ir"] = kept
+        for level, names in rules.items():
+            kept = tuple(r for r in names if not (r in REGISTRY and REGISTRY.get(r).saves_only_launches))
+            for r in names:
+                if r not in kept:
+                    notes.append(f"planner: {r} off (it only saves launches, and CUDA graphs make launches free)")
+            out[level] = kept
         return out, notes
 
     def rule_options(self, options: dict[tuple[str, str], dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
-        """The rules' options under this planner: the kernel-merging Inductor-IR rules get
-        ``memory_increase`` (the schedule's estimated peak may rise by at most that much)
-        unless it was set."""
+        """The rules' options under this planner: the rules whose driver bounds what they
+        merge (``Rule.memory_bounded``) get ``memory_increase`` (the schedule's estimated peak
+        may rise by at most that much) at each of their levels, unless it was set."""
         out = {k: dict(v) for k, v in options.items()}
-        for rule in MEMORY_BOUNDED_KERNEL_RULES:
-            out.setdefault(("inductor_ir", rule), {}).setdefault("memory_increase", self.memory_increase)
+        for rule in REGISTRY.rules():
+            if rule.memory_bounded:
+                for level in rule.levels:
+                    out.setdefault((level, rule.name), {}).setdefault("memory_increase", self.memory_increase)
         return out
 
     # ------------------------------------------------------------------ groups

@@ -314,6 +314,12 @@ def _packed_indices(g: Group) -> list[list[Any]]:
     options={"deterministic": True},
     copies=_packed_indices,
     custom_op=True,
+    # Not yet run under CUDA graph capture. There an op's cached device tables must not stay
+    # alive in the graph's pool (cudagraph trees refuse the first replay: "tensors in the
+    # cudagraph pool not tracked as outputs"); the grouped-linear and layer-norm ops allocate
+    # theirs off the routed thread (kernels/runtime/tables.py) and run under capture, this op
+    # has not been run there.
+    cudagraph_safe=False,
 )
 def group_embedding_lookups(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     """Independent embedding lookups on different tables become one grouped lookup.

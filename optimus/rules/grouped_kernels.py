@@ -407,6 +407,7 @@ def _linear_shapes_differ(g: Group) -> str | None:
     options={"max_pack_bytes": MAX_PACK_BYTES},
     copies=_linear_copies,
     custom_op=True,
+    reads_packed_parameters=True,  # optimus::grouped_linear_params reads concatenated weights in place
 )
 def grouped_linear(g: Group, b: Builder) -> dict[fx.Node, fx.Node]:
     """Independent linears of different (K, N) become one grouped-linear kernel call,
@@ -532,6 +533,7 @@ def _layer_norm_shapes_differ(g: Group) -> str | None:
     options={"max_pack_bytes": MAX_PACK_BYTES},
     copies=_layer_norm_copies,
     custom_op=True,
+    reads_packed_parameters=True,  # optimus::batched_layer_norm_params reads concatenated affines in place
 )
 def batched_layer_norm(g: Group, b: Builder) -> dict[fx.Node, fx.Node]:
     """Independent LayerNorms of different widths become one batched-layer-norm kernel call.

@@ -212,7 +212,17 @@ def _linear_copies(g: Group) -> list[list[Any]]:
     return _copied(g, _linear_operands(g)[1])
 
 
-@group_rule("linear", key=_linear_key, stage="batch_matmuls", options={"max_stack_bytes": MAX_STACK_BYTES, "packed_weights": True}, copies=_linear_copies)
+@group_rule(
+    "linear",
+    key=_linear_key,
+    stage="batch_matmuls",
+    options={"max_stack_bytes": MAX_STACK_BYTES, "packed_weights": True},
+    copies=_linear_copies,
+    reads_packed_parameters=True,  # packed weights: optimus::packed_linear reads them in place
+    # packed_linear runs correctly under CUDA graphs but was not faster there (H200: towers32
+    # 1.16x -> 0.99x Inductor's CUDA graphs): there packed weights are stacked
+    cudagraph_options={"torch_ir": {"packed_weights": False}},
+)
 def batch_linear(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     """Linears of identical shapes on different inputs become one batched matmul.
 

@@ -151,6 +151,7 @@ def _combinable(m: FusionMatch) -> bool:
     where=[_within_max_kernels, _within_max_accesses, _within_max_loads, _within_max_work, _reductions_within_max_rnumel, _near_in_schedule],
     options={"max_kernels": 8, "max_accesses": 64, "max_loads": 64, "max_work": 1 << 20, "max_rnumel": 2048, "max_distance": 64, "memory_increase": None},
     knobs={"max_attempts": 64, "verify_codegen": True, "benchmark": False},
+    saves_only_launches=True,  # the kernels stay apart, only their launches merge
 )
 def combo_small_kernels(m: FusionMatch, b: FusionBuilder):
     """Independent small kernels that cannot share a loop nest get one launch (GPU).
