@@ -162,6 +162,23 @@ def test_core_imports_only_core():
     assert not outward, f"optimus/core imports outside itself: {outward}"
 
 
+BELOW_THE_RULES = ("optimus.core", "optimus.torch_ir", "optimus.aten_ir", "optimus.inductor_ir", "optimus.planner")
+
+
+def test_nothing_below_the_rules_imports_a_rule():
+    """The core, the levels and the planner know rules only through the registry and the
+    traits rules declare: facts they share with rules (``core.segments``) live below them."""
+    graph = import_graph()
+    reaching = sorted(
+        (name, target)
+        for name, edges in graph.items()
+        if name.startswith(BELOW_THE_RULES)
+        for target in edges
+        if target == "optimus.rules" or target.startswith("optimus.rules.")
+    )
+    assert not reaching, f"modules below the rules importing a rule module: {reaching}"
+
+
 def test_fixpoint_and_numeric_check_do_not_import_each_other():
     graph = import_graph()
     assert "optimus.core.numeric" not in graph["optimus.core.driver"]

@@ -44,11 +44,11 @@ import torch.fx as fx
 
 from ..core.registry import REGISTRY
 from ..core.report import GraphReport
+from ..core.segments import stack_is_free
 from ..core.symbolic import size_hint
 from ..core.view import GraphView
 from ..core.vocab import ParamRef
 from . import costmodel, estimate
-from ..rules.horizontal import stack_is_free
 from .memory import Liveness, MemoryBudget
 
 # Rules that merge independent kernels run the merged kernel where the first ran, so the

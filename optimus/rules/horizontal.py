@@ -19,10 +19,11 @@ from .. import kernels  # noqa: F401  (importing registers the optimus:: custom 
 from ..core.group import Group, group_rule
 from ..core.pattern import Lit, Op, Var
 from ..core.rule import rule
+from ..core.segments import stack_is_free
 from ..core.symbolic import concrete_int, is_symbolic, known_eq, known_sizes_eq, size_hint, sym_key
 from ..core.view import GraphView, is_int
 from ..core.vocab import POINTWISE, Call, ParamRef, register_extern_op
-from ._facts import emittable_shape, part_of, segment_of
+from ._facts import emittable_shape
 
 MAX_STACK_BYTES = 256 * 2**20
 
@@ -46,39 +47,20 @@ def _sig(view: GraphView, value: Any) -> Hashable:
     return ("const", repr(value))
 
 
-def _stack_is_free(view: GraphView, items: list[Any]) -> bool:
-    """Stacking ``items`` along a new dim 0 costs no copy once vertical rules run: they
-    are the same node, or consecutive parts / equal adjacent ranges of one tensor."""
-    if all(i is items[0] for i in items):
-        return True
-    parts = [part_of(view, i) for i in items]
-    if all(p is not None for p in parts) and len({id(p.source) for p in parts}) == 1:
-        return [p.index for p in parts] == list(range(parts[0].index, parts[0].index + len(parts)))
-    segs = [segment_of(view, i) for i in items]
-    if all(s is not None for s in segs) and len({(id(s.source), s.dim) for s in segs}) == 1:
-        # bounds may be symbolic: equal sizes and adjacency must be provable, not hinted
-        width = segs[0].end - segs[0].start
-        return all(known_eq(s.end - s.start, width) for s in segs) and all(known_eq(a.end, b.start) for a, b in zip(segs, segs[1:]))
-    return False
-
-
-stack_is_free = _stack_is_free  # the planner prices stacks with the same analysis (optimus.planner.estimate)
-
-
 def _copied(g: Group, operand_lists: list[list[Any]]) -> list[list[Any]]:
     """The operand lists a stack copies (a rule's ``copies``: what the planner's memory
     estimate counts)."""
-    return [vs for vs in operand_lists if not _stack_is_free(g.view, vs)]
+    return [vs for vs in operand_lists if not stack_is_free(g.view, vs)]
 
 
 def _launch_count(g: Group, operand_lists: list[list[Any]]) -> tuple[int, int]:
     """(kernels before, kernels after) for a fusion stacking ``operand_lists``."""
-    copies = sum(0 if _stack_is_free(g.view, ops) else 1 for ops in operand_lists)
+    copies = sum(0 if stack_is_free(g.view, ops) else 1 for ops in operand_lists)
     return len(g.members), 1 + copies
 
 
 def _stacked_bytes(g: Group, operand_lists: list[list[Any]]) -> int:
-    return sum(sum(g.nbytes(o) for o in ops) for ops in operand_lists if not _stack_is_free(g.view, ops))
+    return sum(sum(g.nbytes(o) for o in ops) for ops in operand_lists if not stack_is_free(g.view, ops))
 
 
 def _profitable(g: Group, operand_lists: list[list[Any]]) -> None:
@@ -393,7 +375,7 @@ def batch_pointwise(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     shared), so alpha, rounding_mode, clamp bounds, nan_to_num values and the like stay.
     """
     names, lists = _pointwise_operands(g)
-    if not _stack_is_free(g.view, lists[names.index("input")]):
+    if not stack_is_free(g.view, lists[names.index("input")]):
         g.decline("inputs are separate tensors: stacking them is a copy, and Inductor already fuses elementwise ops into their producers")
     _profitable(g, lists)
     rank = g.view.rank(g.members[0].input)

@@ -6,7 +6,8 @@ from ..core.pattern import ANY, Op, Var
 from ..core.rule import rule
 from ..core.symbolic import known_eq
 from ..core.view import is_int
-from ._facts import covers, dim_size, segment_of
+from ..core.segments import segment_of
+from ._facts import covers, dim_size
 
 
 def _slices_a_range_on_same_dim(m):

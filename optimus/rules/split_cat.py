@@ -13,7 +13,8 @@ from ..core.rule import rule
 from ..core.symbolic import known_eq
 from ..core.safety import MAY_ALIAS_OPS
 from ..core.view import is_int, num_outputs
-from ._facts import STACK_SPELLINGS, adjacent_runs, covers, emittable_shape, permute_for_movedim, resolvable, segment_of, stack_of
+from ..core.segments import segment_of
+from ._facts import STACK_SPELLINGS, adjacent_runs, covers, emittable_shape, permute_for_movedim, resolvable, stack_of
 
 X, S, D, I = Var("x"), Var("sizes"), Var("dim"), Var("index")
 CHUNKS = ListOf(Op("getitem", Op("split", X, S, D).bind("split"), Each("index")))

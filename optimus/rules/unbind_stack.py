@@ -12,7 +12,8 @@ from ..core.pattern import ANY, Op, Var
 from ..core.rule import rule
 from ..core.symbolic import known_eq
 from ..core.view import getitem_users
-from ._facts import STACK_SPELLINGS, dim_size, emittable_shape, part_of, permute_for_movedim, stack_of
+from ..core.segments import part_of
+from ._facts import STACK_SPELLINGS, dim_size, emittable_shape, permute_for_movedim, stack_of
 
 
 def _consecutive_parts(view, items):
