@@ -125,6 +125,17 @@ class GroupRule(Rule):
         return super().decline_reason(match)
 
 
+@dataclasses.dataclass(frozen=True)
+class Cut:
+    """A group a planner cut: the chunks to try, each a group of its own (positions in the
+    group's members), and the note saying why; or, when no chunk fits, ``declined``: the
+    reason every member is declined with."""
+
+    parts: tuple[tuple[int, ...], ...] = ()
+    note: str = ""
+    declined: str = ""
+
+
 class GroupPlanner(Protocol):
     """What the FX driver asks about horizontal groups when a planner is attached
     (``passes="auto"``; the implementation is ``optimus.planner.plan.Planner``)."""
@@ -132,8 +143,11 @@ class GroupPlanner(Protocol):
     def round_started(self, view: GraphView, report: Any) -> None:
         """A round of group rules starts on ``view``'s graph as it is now."""
 
-    def chunk(self, view: GraphView, members: list[fx.Node], min_group: int, copies: list[list[Any]] | None = None, custom_op: bool = False) -> tuple[int, str] | None:
-        """``None`` if the group may run whole; else the members per chunk (0: none) and why.
+    def order(self, view: GraphView, members: list[fx.Node]) -> list[int]:
+        """The order the group's members are stacked (and cut) in, as positions."""
+
+    def chunk(self, view: GraphView, members: list[fx.Node], min_group: int, copies: list[list[Any]] | None = None, custom_op: bool = False) -> Cut | None:
+        """``None`` if the group may run whole; else how it is cut (``Cut``).
         ``copies``: what the replacement copies (``GroupRule.copied_operands``);
         ``custom_op``: ``GroupRule.custom_op``."""
 

@@ -19,8 +19,10 @@ compile. The planner decides three things, each reported:
    once; in AOTAutograd's training forward, saved results the backward can no longer free
    one member at a time); a group that would raise the graph's peak (as the planner first
    saw it) by more than ``memory_increase`` (2%, or ``MEMORY_SLACK`` on tiny graphs) is
-   cut into balanced chunks that fit, or declined when not even ``min_group`` members
-   fit, or when its members read consecutive parts of one tensor (``CUT_PARTS_WHY``).
+   cut into chunks that fit (``order`` puts members reading one input smallest result
+   first; the driver tries each chunk as a group of its own), or declined when not even
+   ``min_group`` members fit, or when its members read consecutive parts of one tensor
+   (``CUT_PARTS_WHY``).
    What a group copies is the rule's to say (``GroupRule.copies``).
 4. **How far the kernel-merging Inductor-IR rules may raise memory** (``rule_options``):
    every rule with a ``memory_increase`` option (the trait ``Rule.memory_bounded``: the
@@ -42,6 +44,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from ..core.group import Cut
 from ..core.registry import REGISTRY
 from ..core.report import GraphReport
 from ..core.segments import stack_is_free
@@ -126,7 +129,8 @@ class Decision:
 
 class Planner:
     """One compile's planner (see module docstring). The FX driver calls
-    ``round_started`` / ``chunk`` / ``judge`` / ``accepted`` (``core.group.GroupPlanner``)."""
+    ``round_started`` / ``order`` / ``chunk`` / ``judge`` / ``accepted``
+    (``core.group.GroupPlanner``)."""
 
     def __init__(self, context: Context, profile: costmodel.DeviceProfile | None = None, memory_increase: float = MEMORY_INCREASE) -> None:
         self.context = context
@@ -228,11 +232,45 @@ class Planner:
                     out.append((value, size_hint(v.numel()) * v.element_size()))  # its own bytes, not its base's
         return out
 
-    def chunk(self, view: GraphView, members: list[fx.Node], min_group: int, copies: list[list[Any]] | None = None, custom_op: bool = False) -> tuple[int, str] | None:
+    def order(self, view: GraphView, members: list[fx.Node]) -> list[int]:
+        """The members (positions) ordered by the bytes of their results, smallest first
+        (stable: equal shapes keep graph order), when they all read one input. Members are
+        independent, so any chunk of them is legal; the chunks are prefixes, so the members
+        that raise memory least are cut together (a shared input's narrow gates, not its
+        wide projections). Members reading different inputs keep graph order: their inputs
+        may be consecutive parts of one tensor, which a reordered stack would copy."""
+        firsts = [n.all_input_nodes[0] if n.all_input_nodes else None for n in members]
+        if firsts[0] is None or any(f is not firsts[0] for f in firsts):
+            return list(range(len(members)))
+        return sorted(range(len(members)), key=lambda i: _result_bytes(view, members[i]))
+
+    def chunk(self, view: GraphView, members: list[fx.Node], min_group: int, copies: list[list[Any]] | None = None, custom_op: bool = False) -> Cut | None:
+        """``None`` when every member fits the memory budget; else the group cut into
+        chunks that fit (``core.group.Cut``). Results of different sizes (ordered smallest
+        first by ``order``): the longest prefix that fits, then the rest as a group of its
+        own (cut again if it must be); results of one size: balanced chunks (8 of which at
+        most 5 fit: 4 + 4). ``copies``: what the replacement copies
+        (``GroupRule.copied_operands``; ``None``: the members' first inputs); ``custom_op``:
+        the replacement is one of our custom ops (``GroupRule.custom_op``)."""
+        sized = self._fitting(view, members, min_group, copies, custom_op)
+        if sized is None:
+            return None
+        size, why = sized
+        smallest = max(2, min_group)
+        if size < smallest:
+            return Cut(declined=f"{why}; no smaller group fits")
+        where = f"group of {len(members)} at {members[-1].name}"
+        if len({_result_bytes(view, n) for n in members}) > 1:
+            rest = tuple(range(size, len(members)))
+            parts = (tuple(range(size)),) + ((rest,) if len(rest) >= smallest else ())
+            return Cut(parts, f"{where} cut after its {size} smallest ({why})")
+        size = -(-len(members) // -(-len(members) // size))  # balanced: 8 at most 5 -> 4 + 4
+        parts = tuple(tuple(range(start, min(start + size, len(members)))) for start in range(0, len(members), size))
+        return Cut(tuple(p for p in parts if len(p) >= smallest), f"{where} cut into groups of {size} ({why})")
+
+    def _fitting(self, view: GraphView, members: list[fx.Node], min_group: int, copies: list[list[Any]] | None, custom_op: bool) -> tuple[int, str] | None:
         """``None`` when every member fits the memory budget; else the members per chunk
-        (0: not even ``min_group`` fit) and why. ``copies``: what the replacement copies
-        (``GroupRule.copied_operands``; ``None``: the members' first inputs);
-        ``custom_op``: the replacement is one of our custom ops (``GroupRule.custom_op``)."""
+        (0: not even ``min_group`` fit) and why."""
         if self._budget is None or len(members) < 2:
             return None
         budget = self._budget
@@ -293,3 +331,9 @@ class Planner:
     def _record(self, d: Decision) -> None:
         if self._report is not None:
             self._report.decisions.append(d.to_dict())
+
+
+def _result_bytes(view: GraphView, node: fx.Node) -> int:
+    """The bytes of ``node``'s result (its size hint where symbolic; 0 if unknown)."""
+    v = view.tensor_val(node)
+    return 0 if v is None else size_hint(v.numel()) * v.element_size()
