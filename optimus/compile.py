@@ -39,7 +39,7 @@ from .core.passkey import UuidKeyed
 from .core.registry import AUTO, REGISTRY, PassConfig, resolve
 from .core import upstream_names
 from .core.report import Report
-from .planner import plan as planner_plan
+from . import planner
 
 log = logging.getLogger("optimus")
 
@@ -54,14 +54,10 @@ TUNE_OPTION = "optimus_tune"
 # of the zoo's medians (docs/planner.md, "Against the targets", which also lists what it
 # misses). The fixed presets stay available by name.
 DEFAULT_PASSES = "auto"
-TUNE_CANDIDATES = ("auto", "all", "vertical", "none")  # what tune=True measures per graph
-# Inductor's own autotuning is left out of the trial compiles (it would multiply their cost
-# by the GEMM search); the chosen plan compiles with it.
 # Under CUDA graphs (mode="reduce-overhead") the rules whose replacement has not run under
 # graph capture (the rule trait ``cudagraph_safe=False``) are left out, unless this variable
 # is "1" (to try them there); rules with ``cudagraph_options`` take those options there.
 CUDAGRAPH_KERNELS_ENV = "OPTIMUS_CUDAGRAPH_KERNELS"
-TRIAL_OPTIONS_OFF = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise", "coordinate_descent_tuning")
 
 
 # What decides the code a compile produces: the core, the level views and drivers, the
@@ -222,13 +218,9 @@ class Session:
         self._note_user_setup(user)
         plain = {**options, **safety_net.hook_patches(user, {})}
         self.config = self.base_config
-        if self.base_config.planned:
-            context = planner_plan.Context.of_compile(example_inputs, options, self.tune)
-            chosen = self._tuned(gm, example_inputs, options, context) if context.tune else None
-            if chosen is not None:
-                self.config = chosen
-            else:
-                self._plan(context)
+        if self.base_config.planned:  # passes="auto": the planner's choice for this graph
+            self.config = planner.plan_compile(self.base_config, gm, example_inputs, options, self.tune, self.report,
+                                               _compile_plan, self.next_graph_name, source_fingerprint)
         self.config = self._without_capture_unsafe_rules(self.config, options)
         return self._compile(gm, example_inputs, options, user, plain)
 
@@ -253,68 +245,6 @@ class Session:
         if dropped:
             self.note_once(f"CUDA graphs: {', '.join(dropped)} off (its Triton op has not run under graph capture yet; {CUDAGRAPH_KERNELS_ENV}=1 keeps it on)")
         return dataclasses.replace(config, rules=rules, options=options)
-
-    def _plan(self, context: "planner_plan.Context") -> None:
-        """Attach this compile's planner (``passes="auto"``) and its choice of rules."""
-        self.config = self._planned_config(context, describe=True)
-
-    def _planned_config(self, context: "planner_plan.Context", describe: bool = False) -> PassConfig:
-        """The base config with a planner for ``context``: its rules and rule options."""
-        planner = planner_plan.Planner(context)
-        rules, notes = planner.configure(dict(self.base_config.rules))
-        if describe:
-            self.note_once(planner.describe())
-        for note in notes:
-            self.note_once(note)
-        return dataclasses.replace(self.base_config, rules=rules, options=planner.rule_options(self.base_config.options), planner=planner)
-
-    def _tuned(self, gm: fx.GraphModule, example_inputs: list[Any], options: dict[str, Any], context: "planner_plan.Context") -> PassConfig | None:
-        """``tune=True``: compile the graph under each of ``TUNE_CANDIDATES``, time each on
-        the real inputs, keep the fastest (cached on disk by the graph's structure, so the
-        next compile of the same graph measures nothing). ``None``: not tunable (said why)."""
-        import copy
-
-        from .planner import decisions, tune
-
-        label = self.next_graph_name("tuned graph")
-        why = tune.why_not_tunable(gm, example_inputs, safety_net.mutates_inputs(gm))
-        if why is None and any(isinstance(x, torch.Tensor) and torch._subclasses.fake_tensor.is_fake(x) for x in example_inputs):
-            why = "the backend was given fake inputs (nothing to time on)"
-        if why is not None:
-            self.report.notes.append(f"planner: {label} not tuned: {why}; the cost model decides")
-            return None
-        untuned = dataclasses.replace(context, tune=False)
-        key = decisions.graph_key(gm, {"context": dataclasses.asdict(untuned), "optimus": source_fingerprint(), "candidates": TUNE_CANDIDATES})
-        cache = decisions.DecisionCache()
-        hit = cache.get(key, set(TUNE_CANDIDATES))
-        if hit is not None:
-            self.report.notes.append(f"planner: {label}: {hit['plan']!r} from the decision cache (measured {_fmt_ms(hit.get('measured_ms', {}))}); nothing re-measured")
-            return self._candidate_config(hit["plan"], untuned)
-        measured: dict[str, float] = {}
-        trial_options = {k: v for k, v in options.items() if k not in TRIAL_OPTIONS_OFF}
-        for candidate in TUNE_CANDIDATES:
-            trial = Session(resolve(candidate))
-            trial_gm = copy.deepcopy(gm)
-            try:
-                with compat.separate_compile_metrics():  # the trial's backward compiles on its first call
-                    fn = trial.compile(trial_gm, example_inputs, trial_options)
-                    measured[candidate] = tune.time_compiled(fn, example_inputs, context.training)
-            except Exception as e:
-                if safety_net.passthrough(e):
-                    raise
-                self.report.notes.append(f"planner: {label}: candidate {candidate!r} could not be timed ({safety_net.brief(e)})")
-        if not measured:
-            self.report.notes.append(f"planner: {label}: no candidate could be timed; the cost model decides")
-            return None
-        best = min(measured, key=measured.__getitem__)
-        cache.put(key, {"plan": best, "measured_ms": {k: round(v, 4) for k, v in measured.items()}, "torch": torch.__version__})
-        self.report.notes.append(f"planner: {label}: measured {_fmt_ms(measured)} -> {best!r}")
-        return self._candidate_config(best, untuned)
-
-    def _candidate_config(self, plan: str, context: "planner_plan.Context") -> PassConfig:
-        if plan == AUTO:
-            return self._planned_config(context)
-        return dataclasses.replace(resolve(plan), spec=f"{AUTO}:{plan}")
 
     def _compile(self, gm: fx.GraphModule, example_inputs: list[Any], options: dict[str, Any], user: dict[str, Any], plain: dict[str, Any]) -> Callable[..., Any]:
         if not self.levels():
@@ -390,8 +320,10 @@ class LevelPass(UuidKeyed, CustomGraphPass):  # type: ignore[misc]
         return f"{self.level}:{'+'.join(self.levels)}:{self.session.fingerprint()}"
 
 
-def _fmt_ms(measured: dict[str, float]) -> str:
-    return ", ".join(f"{k} {v:.3f} ms" for k, v in measured.items()) or "nothing"
+def _compile_plan(plan: str, gm: fx.GraphModule, example_inputs: list[Any], inductor_options: dict[str, Any]) -> Callable[..., Any]:
+    """``gm`` compiled under the fixed ``plan``, in a session of its own (a trial of the
+    planner's ``tune=True``)."""
+    return Session(resolve(plan)).compile(gm, example_inputs, inductor_options)
 
 
 def _split_options(options: dict[str, Any] | None) -> tuple[Any, bool, dict[str, Any] | None]:
@@ -555,9 +487,7 @@ def optimize(
     report = Report(config.spec)
     report.notes.extend(config.notes)
     if config.planned and config.planner is None:  # a bare graph: its device, not how it will run
-        planner = planner_plan.Planner(planner_plan.Context.of_graph(gm, example_inputs))
-        config = dataclasses.replace(config, planner=planner)
-        report.notes.append(planner.describe())
+        config = planner.plan_graph(config, gm, example_inputs, report)
     _remember(report)
     optimize_graph(gm, level, config, report, "graph 0", view=view, example_inputs=list(example_inputs) if example_inputs else None)
     gm.recompile()

@@ -29,9 +29,10 @@ compile. The planner decides three things, each reported:
    rules merging independent kernels) gets it, and their driver declines merges above it
    by Inductor's own estimate of the schedule's peak (``inductor_ir.passes.ScheduleMemory``).
 
-With ``tune=True`` (or ``mode="max-autotune"``) the compile also measures alternatives;
-that lives in ``optimus.compile`` (``Session._tuned``), built on ``tune`` and
-``decisions``.
+``plan_compile`` is what a compile asks for each Dynamo graph: the passes with this
+graph's planner attached, or with ``tune=True`` (or ``mode="max-autotune"``) the fastest of
+the candidate plans measured on the graph's inputs (``tune``, ``decisions``).
+``plan_graph`` is the same for a bare graph (``optimus.optimize``).
 """
 
 from __future__ import annotations
@@ -39,19 +40,19 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.fx as fx
 
 from ..core.group import Cut
-from ..core.registry import REGISTRY
-from ..core.report import GraphReport
+from ..core.registry import AUTO, REGISTRY, PassConfig, resolve
+from ..core.report import GraphReport, Report
 from ..core.segments import stack_is_free
 from ..core.symbolic import size_hint
 from ..core.view import GraphView
 from ..core.vocab import ParamRef
-from . import costmodel, estimate
+from . import costmodel, estimate, tune
 from .memory import Liveness, MemoryBudget
 
 # Rules that merge independent kernels run the merged kernel where the first ran, so the
@@ -95,6 +96,53 @@ class Context:
     def describe(self) -> str:
         parts = [self.device, "CUDA graphs" if self.cudagraphs else "launched kernels", "training" if self.training else "inference"]
         return ", ".join(parts)
+
+
+def plan_compile(
+    base: PassConfig,
+    gm: fx.GraphModule,
+    example_inputs: list[Any],
+    inductor_options: dict[str, Any],
+    tune_requested: bool,
+    report: Report,
+    compile_plan: Callable[[str, fx.GraphModule, list[Any], dict[str, Any]], Callable[..., Any]],
+    graph_name: Callable[[str], str],
+    source_fingerprint: Callable[[], str],
+) -> PassConfig:
+    """``passes="auto"`` for one Dynamo graph: ``base`` with a planner for this compile's
+    context, its rules and rule options (said in ``report``); with tuning, the measured
+    fastest candidate plan instead (``tune.measure_plans``, whose trials ``compile_plan``
+    compiles; ``graph_name`` names the tuned graph in the notes, ``source_fingerprint`` keys
+    the decision cache)."""
+    context = Context.of_compile(example_inputs, inductor_options, tune_requested)
+    if context.tune:
+        untuned = dataclasses.replace(context, tune=False)
+        extra = {"context": dataclasses.asdict(untuned), "optimus": source_fingerprint()}
+        plan = tune.measure_plans(gm, example_inputs, inductor_options, context.training, extra, compile_plan, report.notes, graph_name("tuned graph"))
+        if plan == AUTO:
+            return _with_planner(base, untuned, report)
+        if plan is not None:
+            return dataclasses.replace(resolve(plan), spec=f"{AUTO}:{plan}")
+    return _with_planner(base, context, report, describe=True)
+
+
+def plan_graph(config: PassConfig, gm: fx.GraphModule, example_inputs: list[Any] | tuple[Any, ...] | None, report: Report) -> PassConfig:
+    """``passes="auto"`` on a bare graph (``optimus.optimize``): a planner for its device,
+    not for how it will run (``Context.of_graph``)."""
+    planner = Planner(Context.of_graph(gm, example_inputs))
+    report.notes.append(planner.describe())
+    return dataclasses.replace(config, planner=planner)
+
+
+def _with_planner(base: PassConfig, context: Context, report: Report, describe: bool = False) -> PassConfig:
+    """``base`` with a planner for ``context``: its rules and rule options."""
+    planner = Planner(context)
+    rules, notes = planner.configure(dict(base.rules))
+    if describe:
+        report.note_once(planner.describe())
+    for note in notes:
+        report.note_once(note)
+    return dataclasses.replace(base, rules=rules, options=planner.rule_options(base.options), planner=planner)
 
 
 @dataclasses.dataclass

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import optimus
 from optimus.core.registry import REGISTRY, resolve
-from optimus.planner import costmodel
+from optimus.planner import costmodel, tune
 from optimus.planner.plan import Context, Planner
 
 oc = importlib.import_module("optimus.compile")
@@ -171,7 +171,7 @@ def test_tune_measures_once_then_the_decision_cache_answers(tmp_path, monkeypatc
     assert "measured" in notes and "->" in notes, notes
     saved = json.loads((tmp_path / "decisions.json").read_text())
     (entry,) = saved.values()
-    assert entry["plan"] in oc.TUNE_CANDIDATES and set(entry["measured_ms"]) == set(oc.TUNE_CANDIDATES)
+    assert entry["plan"] in tune.TUNE_CANDIDATES and set(entry["measured_ms"]) == set(tune.TUNE_CANDIDATES)
 
     torch._dynamo.reset()
     second = optimus.compile(model, passes="auto", tune=True)
