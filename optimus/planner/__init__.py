@@ -13,5 +13,6 @@ What the rest of Optimus calls:
 """
 
 from .plan import Context, Planner, plan_compile, plan_graph
+from .schedule_memory import ScheduleMemory
 
-__all__ = ["Context", "Planner", "plan_compile", "plan_graph"]
+__all__ = ["Context", "Planner", "ScheduleMemory", "plan_compile", "plan_graph"]

@@ -27,7 +27,7 @@ compile. The planner decides three things, each reported:
 4. **How far the kernel-merging Inductor-IR rules may raise memory** (``rule_options``):
    every rule with a ``memory_increase`` option (the trait ``Rule.memory_bounded``: the
    rules merging independent kernels) gets it, and their driver declines merges above it
-   by Inductor's own estimate of the schedule's peak (``inductor_ir.passes.ScheduleMemory``).
+   by Inductor's own estimate of the schedule's peak (``planner.schedule_memory.ScheduleMemory``).
 
 ``plan_compile`` is what a compile asks for each Dynamo graph: the passes with this
 graph's planner attached, or with ``tune=True`` (or ``mode="max-autotune"``) the fastest of
@@ -53,14 +53,13 @@ from ..core.symbolic import size_hint
 from ..core.view import GraphView
 from ..core.vocab import ParamRef
 from . import costmodel, estimate, tune
-from .memory import Liveness, MemoryBudget
+from .memory import MEMORY_SLACK, Liveness, MemoryBudget
 
 # Rules that merge independent kernels run the merged kernel where the first ran, so the
 # second's outputs (and what it needs) are live earlier: unbounded, on towers32 inference
 # these fusions alone took the H200's peak memory to 1.94x Inductor's. The planner bounds
 # every rule that has a ``memory_increase`` option by it (``rule_options``).
-MEMORY_INCREASE = 0.02  # groups may raise a graph's estimated peak by at most 2% ...
-MEMORY_SLACK = 256 * 2**10  # ... or 256 KiB, whichever is more (a tiny graph's 2% is nothing)
+MEMORY_INCREASE = 0.02  # groups may raise a graph's estimated peak by at most 2%, or MEMORY_SLACK on tiny graphs
 # A cut of a group over consecutive parts of one tensor turns each chunk's stack into a slice
 # of that tensor. On the H200 such cuts on splitcat inference gave a wrong result that the CPU
 # did not reproduce (docs/planner.md, "Memory"); until the cause is known, they are declined.

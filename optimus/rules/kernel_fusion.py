@@ -134,7 +134,7 @@ def fuse_independent_kernels(m: FusionMatch, b: FusionBuilder):
     pair as one kernel, with its shared-data, distance and peak-memory heuristics
     replaced by this rule's caps. With ``memory_increase`` (``passes="auto"`` sets it) a
     merge that would raise the schedule's estimated peak memory by more is declined
-    (``inductor_ir.passes.ScheduleMemory``).
+    (the planner's ``ScheduleMemory``).
     """
     return b.fuse(m.target, m.candidate)
 

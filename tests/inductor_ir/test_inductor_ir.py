@@ -339,33 +339,33 @@ def test_merges_within_the_global_peak_are_still_bounded_by_their_local_rise(mon
     """towers32 on the H200: Inductor's estimate puts the peak elsewhere, so merges that
     double the real peak leave the estimated one unchanged; each merge's local rise counts
     against the graph's allowance."""
-    from optimus.inductor_ir import passes
+    from optimus.planner import schedule_memory as sm
 
     # (bounds no other test uses: scenario runs are memoized by their passes)
-    monkeypatch.setattr(passes, "local_rise", lambda *a: 2 * passes.MEMORY_SLACK)
+    monkeypatch.setattr(sm, "local_rise", lambda *a: 2 * sm.MEMORY_SLACK)
     refused = scenario("pair", {"inductor_ir": {"fuse_independent_kernels": {"memory_increase": 0.021}}})
     assert refused.matched("fuse_independent_kernels") == 0
     reasons = [r for g in refused.graphs() for r in g.rules["fuse_independent_kernels"].declined]
     assert reasons and all(r.startswith("memory: the merged kernel would hold 0.50 MiB more at once where it runs") for r in reasons), reasons
     assert_close_tree(refused.outputs, eager("pair")[0])
-    monkeypatch.setattr(passes, "local_rise", lambda *a: passes.MEMORY_SLACK // 2)
+    monkeypatch.setattr(sm, "local_rise", lambda *a: sm.MEMORY_SLACK // 2)
     kept = scenario("pair", {"inductor_ir": {"fuse_independent_kernels": {"memory_increase": 0.022}}})
     assert kept.matched("fuse_independent_kernels") == 1, [r for g in kept.graphs() for r in g.rules["fuse_independent_kernels"].declined]
 
 
 @needs_hooks
 def test_merges_are_priced_by_inductors_peak_memory_estimate(monkeypatch):
-    from optimus.inductor_ir import passes
+    from optimus.planner import schedule_memory as sm
 
     seen = []
-    orig = passes.ScheduleMemory.why_not
+    orig = sm.ScheduleMemory.why_not
 
     def why_not(self, members, increase):
         why = orig(self, members, increase)
         seen.append((self.base, why))
         return why
 
-    monkeypatch.setattr(passes.ScheduleMemory, "why_not", why_not)
+    monkeypatch.setattr(sm.ScheduleMemory, "why_not", why_not)
     # the default bound (passes="auto" sets 2%): these merges keep the peak, all happen
     kept = scenario("pair", {"inductor_ir": {"fuse_independent_kernels": {"memory_increase": 0.02}}})
     assert kept.matched("fuse_independent_kernels") == 1
@@ -373,7 +373,7 @@ def test_merges_are_priced_by_inductors_peak_memory_estimate(monkeypatch):
     notes = [n for g in kept.graphs() for n in g.notes if "-> one kernel" in n]  # the estimate behind the merge
     assert notes and all("; estimated peak " in n and " MiB allowed, rise " in n for n in notes), notes
     # a budget a byte below the schedule's own peak: every merge declines, with the estimate in its reason
-    monkeypatch.setattr(passes, "MEMORY_SLACK", -1)
+    monkeypatch.setattr(sm, "MEMORY_SLACK", -1)
     refused = scenario("pair", {"inductor_ir": {"fuse_independent_kernels": {"memory_increase": 0.0}}})
     assert refused.matched("fuse_independent_kernels") == 0
     reasons = [r for g in refused.graphs() for r in g.rules["fuse_independent_kernels"].declined]
