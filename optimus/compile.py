@@ -31,7 +31,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from . import compat, distributed, safety_net
+from . import torch_api, distributed, safety_net
 from .aten_ir.view import graph_kind
 from .core.runner import optimize_graph
 from .core.snapshot import restore, snapshot
@@ -43,7 +43,7 @@ from . import planner
 
 log = logging.getLogger("optimus")
 
-CustomGraphPass = compat.CustomGraphPass or object
+CustomGraphPass = torch_api.CustomGraphPass or object
 
 # The backend's own keys in ``options`` (everything else there is an Inductor option).
 PASSES_OPTION = "optimus_passes"
@@ -65,7 +65,7 @@ CUDAGRAPH_KERNELS_ENV = "OPTIMUS_CUDAGRAPH_KERNELS"
 # their benchmarks live in optimus/bench/kernels). The tools (demo, fuzzer, scale, GPU
 # check), the benchmark harness, the model zoo, the measurement helpers and the command
 # line do not; changing them keeps every compile-cache entry valid.
-COMPILED_SOURCES: tuple[str, ...] = ("core", "torch_ir", "aten_ir", "inductor_ir", "rules", "planner", "compile.py", "compat.py", "distributed.py", "packing.py", "safety_net.py")
+COMPILED_SOURCES: tuple[str, ...] = ("core", "torch_ir", "aten_ir", "inductor_ir", "rules", "planner", "compile.py", "torch_api.py", "distributed.py", "packing.py", "safety_net.py")
 
 
 def compiled_source_files() -> list[tuple[str, pathlib.Path]]:
@@ -93,8 +93,8 @@ def source_fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
-SCHEDULER_HOOKS = compat.SCHEDULER_HOOKS
-_INNER_HOOKS = ("post_grad_custom_pre_pass",) + compat.SCHEDULER_HOOKS
+SCHEDULER_HOOKS = torch_api.SCHEDULER_HOOKS
+_INNER_HOOKS = ("post_grad_custom_pre_pass",) + torch_api.SCHEDULER_HOOKS
 _FX_LEVELS = ("torch_ir", "aten_ir")
 
 
@@ -154,7 +154,7 @@ class Session:
             if note:
                 gr.notes.append(note)  # type: ignore[union-attr]
             if gr is not None and level == "aten_ir" and graph_kind(graph) == "backward":
-                adopted = compat.adopt_gradient_layouts(graph)
+                adopted = torch_api.adopt_gradient_layouts(graph)
                 if adopted:
                     gr.notes.append(f"{len(adopted)} gradient(s) returned row-major as computed, not copied back to the traced strides "
                                     f"(AccumulateGrad takes them as they are): {', '.join(adopted[:4])}{' ...' if len(adopted) > 4 else ''}")
@@ -204,7 +204,7 @@ class Session:
 
     def _note_user_setup(self, user: dict[str, Any]) -> None:
         for hook, value in user.items():
-            names = ", ".join(safety_net._name(p) for p in compat.as_pass_list(value))
+            names = ", ".join(safety_net._name(p) for p in torch_api.as_pass_list(value))
             self.note_once(f"your {hook} ({names}) runs, followed by Optimus's passes in the same hook")
         for note in upstream_names.user_fusion_notes():
             self.note_once(note)
@@ -214,7 +214,7 @@ class Session:
         """Compile one Dynamo graph with Inductor and Optimus's passes, guarded so that
         no failure of ours breaks it (see ``optimus.safety_net``)."""
         options = dict(inductor_options or {})
-        user = compat.user_hooks(options)
+        user = torch_api.user_hooks(options)
         self._note_user_setup(user)
         plain = {**options, **safety_net.hook_patches(user, {})}
         self.config = self.base_config
@@ -248,17 +248,17 @@ class Session:
 
     def _compile(self, gm: fx.GraphModule, example_inputs: list[Any], options: dict[str, Any], user: dict[str, Any], plain: dict[str, Any]) -> Callable[..., Any]:
         if not self.levels():
-            return compat.compile_fx(gm, example_inputs, None, plain)
+            return torch_api.compile_fx(gm, example_inputs, None, plain)
         eager = safety_net.eager_outputs(gm)  # before any rewrite
         record = snapshot(gm.graph)
-        before = compat.cache_hit_counts()
+        before = torch_api.cache_hit_counts()
         ladder: Any = safety_net.GraphLadder(self._attempts(user), self.report, self.next_graph_name)
         mark = len(self.report.graphs)
         piece = distributed.piece_of(gm)  # a DDP bucket, a graph between FSDP hooks, ...
         if piece is not None:
             ladder = distributed.PieceNotes(ladder, self.report, piece.note())
         try:
-            compiled = compat.compile_fx(gm, example_inputs, ladder, {**options, **self.inductor_patches(None, user)})
+            compiled = torch_api.compile_fx(gm, example_inputs, ladder, {**options, **self.inductor_patches(None, user)})
             if piece is not None:
                 distributed.add_note(self.report.graphs[mark:], piece.note())  # the Torch-IR graph
         except Exception as e:
@@ -272,7 +272,7 @@ class Session:
             restore(gm.graph, record)
             gm.recompile()
             safety_net.discard(self.report, self.report.graphs[mark:], f"compiling a graph with Optimus failed ({safety_net.brief(e)}); compiled again without any Optimus pass")
-            compiled = compat.compile_fx(gm, example_inputs, None, plain)
+            compiled = torch_api.compile_fx(gm, example_inputs, None, plain)
         else:
             self._note_cache_hits(before)
         mine = self.report.graphs[mark:]  # the graphs of this compile (a backward may follow)
@@ -281,7 +281,7 @@ class Session:
         def recompile() -> Callable[..., Any]:
             restore(gm.graph, record)
             gm.recompile()
-            return compat.compile_fx(gm, example_inputs, None, plain)
+            return torch_api.compile_fx(gm, example_inputs, None, plain)
 
         def discard(why: str) -> None:
             safety_net.discard(self.report, mine, f"{graph}: {why}")
@@ -289,7 +289,7 @@ class Session:
         return safety_net.OutputGuard(compiled, recompile, eager, self.report.notes.append, not safety_net.mutates_inputs(gm), discard)
 
     def _note_cache_hits(self, before: dict[str, int]) -> None:
-        after = compat.cache_hit_counts()
+        after = torch_api.cache_hit_counts()
         hits = {k: after[k] - before[k] for k in after if after[k] - before[k] > 0}
         if hits:
             self.report.notes.append(
@@ -351,11 +351,11 @@ def make_backend(passes: Any = DEFAULT_PASSES, mode: str | None = None, options:
     if tune and not config.planned:
         raise ValueError(f"tune=True measures the planner's candidate plans: use it with passes='auto' (got passes={config.spec!r})")
     session = Session(config, tune=tune)
-    base = compat.mode_options(mode, options, dynamic)
+    base = torch_api.mode_options(mode, options, dynamic)
 
     def optimus_backend(gm: fx.GraphModule, example_inputs: list[Any], mode: str | None = None, options: dict[str, Any] | None = None) -> Callable[..., Any]:
         _, _, options = _split_options(options)
-        extra = compat.mode_options(mode, options, dynamic)
+        extra = torch_api.mode_options(mode, options, dynamic)
         return session.compile(gm, example_inputs, {**base, **extra})
 
     optimus_backend.session = session  # type: ignore[attr-defined]
@@ -386,7 +386,7 @@ def optimus_backend(gm: fx.GraphModule, example_inputs: list[Any], mode: str | N
     if session is None:
         session = _SESSIONS[key] = Session(config, tune=tune)
     _remember(session.report)
-    return session.compile(gm, example_inputs, compat.mode_options(mode, options, None))
+    return session.compile(gm, example_inputs, torch_api.mode_options(mode, options, None))
 
 
 def _remember(report: Report) -> None:
@@ -435,7 +435,7 @@ def compile(model: Any, passes: Any = DEFAULT_PASSES, tune: bool = False, pack_p
     if pack_parameters is None:
         from .packing import pack_by_default
 
-        cudagraphs = bool(compat.mode_options(mode, options, None).get("triton.cudagraphs"))
+        cudagraphs = bool(torch_api.mode_options(mode, options, None).get("triton.cudagraphs"))
         base = session.base_config
         pack_parameters, why = pack_by_default(model, base.planned, cudagraphs, base.rules.get("torch_ir", ()))
         report.notes.append(f"pack_parameters: {why}")

@@ -45,7 +45,7 @@ DEAD_CODE = "dead_code_elimination"
 _FAILED = object()  # a group rule's key raised on a node
 
 
-class Driver:
+class FxDriver:
     def __init__(
         self,
         view: GraphView,

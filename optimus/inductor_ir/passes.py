@@ -43,7 +43,7 @@ from ..core.passkey import UuidKeyed
 from ..core.report import GraphReport, RuleStats
 from ..core.rule import Decline
 from ..planner.schedule_memory import ScheduleMemory
-from . import compat, legality
+from . import inductor_api, legality
 from .rule import ComboAction, FuseAction, FusionBuilder, FusionMatch, FusionRule
 from .view import SchedulerView
 
@@ -57,12 +57,12 @@ LEFT_ALONE = (
 
 SPLIT_SIZES = (
     "both hold reductions Inductor split in two stages, of different original sizes; Inductor's own "
-    "fusion check assumes one size per kernel and fails on such a kernel (compat.split_sizes_disagree)"
+    "fusion check assumes one size per kernel and fails on such a kernel (inductor_api.split_sizes_disagree)"
 )
 
 
 # ----------------------------------------------------------------------- pass objects
-class InductorIRPass(UuidKeyed, *compat.PASS_BASES):  # type: ignore[misc]
+class InductorIRPass(UuidKeyed, *inductor_api.PASS_BASES):  # type: ignore[misc]
     """One scheduler hook of one Optimus session (pickled as its uuid: ``core.passkey``)."""
 
     def __init__(self, session: Any, hook: str) -> None:
@@ -104,7 +104,7 @@ def _graph_report(session: Any, scheduler: Any) -> GraphReport:
         # named like the graph's other levels when the compile names it (optimus.compile)
         name = getattr(session, "current_graph", lambda: None)()
         if name is None:
-            kind = compat.graph_kind()
+            kind = inductor_api.graph_kind()
             name = f"{kind} {st.counter[kind]}"
             st.counter[kind] += 1
         gr = session.report.new_graph("inductor_ir", name)
@@ -124,7 +124,7 @@ def run_hook(session: Any, hook: str, nodes: list[Any]) -> list[Any]:
     """Run the session's Inductor-IR rules for ``hook`` on ``nodes``; never raises."""
     nodes = list(nodes)
     try:
-        scheduler = compat.current_scheduler()
+        scheduler = inductor_api.current_scheduler()
     except Exception as e:
         _session_note(session, f"inductor_ir: no scheduler in the {hook} hook ({e}); nothing done")
         return nodes
@@ -148,14 +148,14 @@ def run_hook(session: Any, hook: str, nodes: list[Any]) -> list[Any]:
     t0 = time.perf_counter()
     saved = None
     try:
-        saved = compat.save_state(scheduler)
-        driver = Driver(scheduler, nodes, rules, gr, session.config.driver.max_rewrites)
+        saved = inductor_api.save_state(scheduler)
+        driver = FusionDriver(scheduler, nodes, rules, gr, session.config.driver.max_rewrites)
         out = driver.run()
         driver.verify(out, nodes)
     except Exception as e:  # never break the compile
         if saved is not None:
             try:
-                compat.restore_state(scheduler, saved)
+                inductor_api.restore_state(scheduler, saved)
             except Exception:  # pragma: no cover
                 log.exception("optimus: could not restore the scheduler state")
         what = "plan refused by the legality check" if isinstance(e, PlanRefused) else "pass rolled back"
@@ -182,7 +182,7 @@ class PlanRefused(RuntimeError):
     """The final node list breaks an invariant Inductor's codegen relies on (``legality``)."""
 
 
-class Driver:
+class FusionDriver:
     """Applies fusion rules to one scheduler's node list."""
 
     def __init__(self, scheduler: Any, nodes: list[Any], rules: list[tuple[FusionRule, dict[str, Any]]], report: GraphReport, max_actions: int | None) -> None:
@@ -190,14 +190,14 @@ class Driver:
         self.view = SchedulerView(scheduler, nodes)
         self.rules = rules
         self.report = report
-        self.live = compat.ordered_set(list(nodes))
+        self.live = inductor_api.ordered_set(list(nodes))
         self.original = list(nodes)
         self.created: list[Any] = []
         self.max_actions = max_actions
         self.actions = 0
         self.notes: collections.Counter[str] = collections.Counter()
         self._facts: legality.CodegenFacts | None = None
-        self.memory = ScheduleMemory(scheduler, self.live, lambda a, b: self.view.reach.reaches(a, b), compat)
+        self.memory = ScheduleMemory(scheduler, self.live, lambda a, b: self.view.reach.reaches(a, b), inductor_api)
 
     @property
     def facts(self) -> legality.CodegenFacts:
@@ -216,11 +216,11 @@ class Driver:
                 stats = self.report.stats(rule.name)
                 for n in unknown:
                     stats.decline(n.get_name(), f"unknown node type {self.view.type_name(n)}")
-        with compat.catch_fusion_reasons():
+        with inductor_api.catch_fusion_reasons():
             self._run_rules()
         if not self.created:
             return list(self.original)
-        return compat.topo_sort(self.scheduler, list(self.live))
+        return inductor_api.topo_sort(self.scheduler, list(self.live))
 
     def _run_rules(self) -> None:
         for rule, options in self.rules:
@@ -315,10 +315,10 @@ class Driver:
     def _common_checks(self, a: Any, b: Any) -> None:
         """What every pairing requires of ``a`` and ``b``: one device, no collective between
         them, split reductions of one original size."""
-        if compat.call_safely(a.get_device, None) != compat.call_safely(b.get_device, None):
+        if inductor_api.call_safely(a.get_device, None) != inductor_api.call_safely(b.get_device, None):
             raise Decline("different device")
         self._comm_check(a, b)
-        if compat.split_sizes_disagree([a, b]):
+        if inductor_api.split_sizes_disagree([a, b]):
             raise Decline(SPLIT_SIZES)
 
     def _pair_check(self, a: Any, b: Any) -> None:
@@ -395,7 +395,7 @@ class Driver:
                             if not isinstance(action, FuseAction):
                                 raise TypeError(f"rule must return b.fuse(...), got {type(action).__name__}")
                             first, second = sorted((target, x), key=lambda n: self.view.order(n))
-                            ok, why = compat.inductor_can_fuse(self.scheduler, first, second, relaxed=True)
+                            ok, why = inductor_api.inductor_can_fuse(self.scheduler, first, second, relaxed=True)
                             if not ok:
                                 raise Decline(f"Inductor cannot fuse them: {why}")
                             self._memory_check(options, [first, second])
@@ -437,7 +437,7 @@ class Driver:
 
     def _fuse(self, first: Any, second: Any) -> Any:
         try:
-            new = compat.fuse_two(self.scheduler, first, second, self.live)
+            new = inductor_api.fuse_two(self.scheduler, first, second, self.live)
             self.memory.merged([first, second], new)
             self.created.append(new)
             self.view.replace([first, second], new)
@@ -446,8 +446,8 @@ class Driver:
         return new
 
     def _combo_possible(self, rule: FusionRule, stats: RuleStats) -> bool:
-        devices = {compat.call_safely(n.get_device, None) for n in self.view.nodes}
-        if not any(compat.combo_backend(self.scheduler, d) is not None for d in devices if d is not None):
+        devices = {inductor_api.call_safely(n.get_device, None) for n in self.view.nodes}
+        if not any(inductor_api.combo_backend(self.scheduler, d) is not None for d in devices if d is not None):
             kinds = ", ".join(sorted({d.type for d in devices if d is not None})) or "no device"
             stats.decline("graph", f"combo kernels need a GPU (Triton) backend; this graph runs on {kinds}")
             return False
@@ -463,7 +463,7 @@ class Driver:
             return []
         if options.get("verify_codegen", True):
             try:
-                partitions = compat.trial_combo_codegen(self.scheduler, group, removed_later=self.facts.dropped)
+                partitions = inductor_api.trial_combo_codegen(self.scheduler, group, removed_later=self.facts.dropped)
             except Exception as e:
                 for n in group:
                     reasons[n.get_name()] = f"combo kernel codegen failed: {type(e).__name__}: {str(e)[:120]}"
@@ -481,14 +481,14 @@ class Driver:
         if options.get("benchmark", False):
             fn = getattr(self.scheduler, "speedup_by_combo_kernel", None)
             if fn is not None:
-                with compat.inductor_config.patch(benchmark_combo_kernel=True):
+                with inductor_api.inductor_config.patch(benchmark_combo_kernel=True):
                     faster = fn(group)
                 if not faster:
                     for n in group:
                         reasons[n.get_name()] = "benchmark: the combo kernel is not faster"
                     return []
         try:
-            node = compat.make_combo(self.scheduler, group)
+            node = inductor_api.make_combo(self.scheduler, group)
             self.memory.merged(group, node)
             self.created.append(node)
             for n in group:
@@ -523,7 +523,7 @@ class Driver:
             for i, (a, b) in enumerate(pairs):
                 key2 = (id(a), id(b))
                 if key2 not in scores:
-                    scores[key2] = compat.inductor_score(self.scheduler, a, b)
+                    scores[key2] = inductor_api.inductor_score(self.scheduler, a, b)
                 scored.append((scores[key2], i, a, b))
             try:
                 scored.sort(key=lambda t: (t[0] is not None, t[0], -t[1]), reverse=True)
@@ -548,7 +548,7 @@ class Driver:
                         raise TypeError(f"rule must return b.fuse(...), got {type(action).__name__}")
                     why = refused.get((id(a), id(b)))
                     if why is None:
-                        ok, why = compat.inductor_can_fuse(self.scheduler, a, b, relaxed=bool(options.get("relaxed", False)))
+                        ok, why = inductor_api.inductor_can_fuse(self.scheduler, a, b, relaxed=bool(options.get("relaxed", False)))
                         if not ok and why != "would create a cycle":
                             refused[(id(a), id(b))] = why
                     else:

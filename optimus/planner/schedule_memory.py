@@ -4,7 +4,7 @@ The rules that merge independent kernels (``Rule.memory_bounded``: they have a
 ``memory_increase`` option, which ``passes="auto"`` sets) ask ``ScheduleMemory`` before each
 merge whether the schedule's estimated peak stays within it. The estimates are Inductor's
 own (``torch._inductor.memory``, what its ``reorder_for_peak_memory`` uses), read through
-the Inductor-IR level's guarded access to private Inductor APIs (``inductor_ir.compat``),
+the Inductor-IR level's guarded access to private Inductor APIs (``inductor_ir.inductor_api``),
 which the driver hands in as ``ScheduleEstimates``; everything here is the policy on top.
 """
 
@@ -17,7 +17,7 @@ from .memory import MEMORY_SLACK
 
 class ScheduleEstimates(Protocol):
     """Inductor's estimates of a scheduler node list's memory, as the Inductor-IR level
-    reads them (``inductor_ir.compat`` is the implementation)."""
+    reads them (``inductor_ir.inductor_api`` is the implementation)."""
 
     def topo_sort(self, scheduler: Any, nodes: list[Any]) -> list[Any]:
         """``nodes`` in a dependency order."""
@@ -73,7 +73,7 @@ class ScheduleMemory:
     def __init__(self, scheduler: Any, live: Any, reaches: Callable[[Any, Any], bool], inductor: ScheduleEstimates) -> None:
         self.scheduler = scheduler
         self.live = live
-        self.inductor = inductor  # Inductor's own estimates, read by the level (inductor_ir.compat)
+        self.inductor = inductor  # Inductor's own estimates, read by the level (inductor_ir.inductor_api)
         self.reaches = reaches  # reaches(a, b): a must run before b
         self.base: int | None = None
         self.spent = 0  # the rises of the merges accepted so far

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.fx as fx
 
-from .. import compat, safety_net
+from .. import torch_api, safety_net
 from . import decisions
 
 TUNE_CANDIDATES = ("auto", "all", "vertical", "none")  # what tune=True measures per graph
@@ -62,7 +62,7 @@ def measure_plans(
     for candidate in TUNE_CANDIDATES:
         trial_gm = copy.deepcopy(gm)
         try:
-            with compat.separate_compile_metrics():  # the trial's backward compiles on its first call
+            with torch_api.separate_compile_metrics():  # the trial's backward compiles on its first call
                 fn = compile_plan(candidate, trial_gm, example_inputs, trial_options)
                 measured[candidate] = time_compiled(fn, example_inputs, training)
         except Exception as e:

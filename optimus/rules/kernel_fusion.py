@@ -22,7 +22,7 @@ reasons ``optimus explain`` shows.
 from __future__ import annotations
 
 from ..core.pattern import Op
-from ..inductor_ir import compat
+from ..inductor_ir import inductor_api
 from ..inductor_ir.rule import FusionBuilder, FusionMatch, fusion_rule
 
 KERNEL = Op(("pointwise", "reduction"))
@@ -141,7 +141,7 @@ def fuse_independent_kernels(m: FusionMatch, b: FusionBuilder):
 
 def _combinable(m: FusionMatch) -> bool:
     device = m.anchor.get("device")
-    return device is not None and device.type != "cpu" and compat.combinable(m.anchor.node)
+    return device is not None and device.type != "cpu" and inductor_api.combinable(m.anchor.node)
 
 
 @fusion_rule(

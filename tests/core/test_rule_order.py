@@ -14,7 +14,7 @@ import collections
 
 import torch
 
-from optimus.core.driver import Driver as FxDriver
+from optimus.core.driver import FxDriver
 from optimus.core.levels import make_view
 from optimus.core.registry import REGISTRY, resolve
 from optimus.core.report import GraphReport

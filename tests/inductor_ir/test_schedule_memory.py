@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from optimus.inductor_ir import compat
+from optimus.inductor_ir import inductor_api
 from optimus.planner import schedule_memory
 from optimus.planner.schedule_memory import local_rise, merged_order
 
 from inductor_ir_support import SCENARIOS, run_compiled
 
-needs_hooks = pytest.mark.skipif(not compat.hooks_supported()[0], reason="torch without scheduler hooks")
+needs_hooks = pytest.mark.skipif(not inductor_api.hooks_supported()[0], reason="torch without scheduler hooks")
 
 
 def test_merged_order_moves_what_the_later_members_need_ahead_of_the_first():
