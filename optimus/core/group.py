@@ -85,9 +85,10 @@ class GroupRule(Rule):
     graph; conditions and the replacement receive a ``Group``; the replacement returns
     ``{member node: its replacement}``.
 
-    Driver options (read by ``find_groups``): ``min_group`` (smaller groups are left alone),
-    ``max_group`` (groups hold at most this many) and ``max_span`` (a group's members lie
-    within this many nodes of its first member, in graph order).
+    The options every group rule has, read by ``find_groups`` (``CLASS_OPTIONS``):
+    ``min_group`` (smaller groups are left alone), ``max_group`` (groups hold at most this
+    many) and ``max_span`` (a group's members lie within this many nodes of its first
+    member, in graph order).
     """
 
     anchors: tuple[str, ...]  # type: ignore[assignment]
@@ -104,7 +105,7 @@ class GroupRule(Rule):
     #: group's backward over everything saved (``Liveness.with_group``'s ``opaque_backward``)
     custom_op: bool = False
 
-    KNOBS: ClassVar[Mapping[str, Any]] = {"min_group": 2, "max_group": 256, "max_span": MAX_SPAN}
+    CLASS_OPTIONS: ClassVar[Mapping[str, Any]] = {"min_group": 2, "max_group": 256, "max_span": MAX_SPAN}
 
     def __post_init__(self) -> None:
         self.anchors = (self.anchors,) if isinstance(self.anchors, str) else tuple(self.anchors)
@@ -163,8 +164,8 @@ group_rule = rule_decorator(
     "anchors",
     fixed={"kind": "horizontal"},
     name="group_rule",
-    doc="""``@group_rule(anchor_ops, key=..., where=[...], levels=..., stage=..., options=...,
-    knobs={"min_group": ..., "max_group": ...})``: the group replacement
+    doc="""``@group_rule(anchor_ops, key=..., where=[...], levels=..., stage=...,
+    options={"min_group": ..., "max_group": ..., ...})``: the group replacement
     ``fn(g, b)`` becomes a registered horizontal ``GroupRule`` (see ``rule.rule_decorator``).""",
 )
 

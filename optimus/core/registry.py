@@ -177,7 +177,7 @@ class PassConfig:
         return [REGISTRY.get(n) for n in self.rules.get(level, ()) if n in REGISTRY]
 
     def options_for(self, level: str, rule: RegisteredRule) -> dict[str, Any]:
-        """The rule's settings at ``level``: its options and knobs, then what the user set."""
+        """The rule's options at ``level``: its defaults, then what the user set."""
         merged = rule.option_defaults()
         merged.update(self.options.get((level, rule.name), {}))
         return merged
@@ -291,7 +291,7 @@ def _select_names(names: list[str], levels: Iterable[str], selected: dict[str, l
 
 
 def _check_options(rule: RegisteredRule, given: dict[str, Any]) -> None:
-    settable = rule.option_defaults()  # the rule's options and its driver's knobs
+    settable = rule.option_defaults()  # its own options and the ones its class has
     unknown = [k for k in given if k not in settable]
     if unknown:
         valid = sorted(settable) or "none"

@@ -45,13 +45,13 @@ one op in that order (the first that rewrites wins), and a round runs the group 
 it, as tinygrad's rule lists and MLIR's per-root benefit order what competes, with no
 numbers shared across files (``tests/core/test_rule_order.py`` holds the order per anchor).
 
-**Options** are the rule's own settings, read by its conditions and replacement as
-``m.options[...]``. **Knobs** are the per-rule settings the level's *driver* reads for a
-kind of rule (``GroupRule.KNOBS``: ``min_group``, ``max_group``; a fusion rule's depend on
-its pairing: ``max_attempts``, ``max_rounds``, ...): declared by the rule class with their
-defaults, set per rule with ``knobs={...}``, read by the driver. Users set both
-per rule in the same way (``passes={"torch_ir": {"batch_linear": {"min_group": 4}}}``);
-the driver's global options (``passes={"options": {...}}``, ``DriverOptions``) are
+**Options** are a rule's settings, with their defaults (``options={...}``): the ones its
+conditions and replacement read (``m.options[...]``), and the ones every rule of its class
+has, which its driver reads (``CLASS_OPTIONS``: a group rule's ``min_group``,
+``max_group``, ``max_span``; a fusion rule's depend on its pairing: ``max_attempts``,
+``max_rounds``, ...); a rule changes such a default in its own ``options=``. Users set any
+of them per rule in the same way (``passes={"torch_ir": {"batch_linear": {"min_group":
+4}}}``). The driver options (``passes={"options": {...}}``, ``DriverOptions``) are
 something else: how the driver runs, for every rule.
 
 The replacement never edits the graph itself: the level's driver owns surgery,
@@ -105,7 +105,7 @@ class Match:
 
     Captures read as attributes (``m.x`` for ``Var("x")``); ``m.anchor`` is the anchor's
     ``Call``, ``m.view`` the graph view, ``m.options`` the rule's settings (its options and
-    knobs, with what the user set). ``Group`` and ``FusionMatch`` are the matches of
+    its class's, with what the user set). ``Group`` and ``FusionMatch`` are the matches of
     group and fusion rules.
     """
 
@@ -310,7 +310,6 @@ class Rule:
     levels: tuple[str, ...] = ("torch_ir", "aten_ir")
     stage: str = "fold"  # where it runs among the level's rules (``registry.STAGES``)
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    knobs: dict[str, Any] = dataclasses.field(default_factory=dict)
     conditions: tuple[Condition, ...] = ()
     doc: str = ""
     default: bool = True  # part of presets and level selections (else only when named)
@@ -335,8 +334,8 @@ class Rule:
     #: (``None``: unbounded), where the naming convention (``setting_range``) does not fit.
     ranges: dict[str, tuple[Any, Any]] = dataclasses.field(default_factory=dict)
 
-    #: The per-rule settings the level's driver reads for this kind of rule, with defaults.
-    KNOBS: ClassVar[Mapping[str, Any]] = {}
+    #: The options every rule of this class has, read by its driver, with their defaults.
+    CLASS_OPTIONS: ClassVar[Mapping[str, Any]] = {}
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "Rule":
         if cls is Rule:
@@ -355,19 +354,7 @@ class Rule:
         if bad:
             raise ValueError(f"rule {self.name!r}: unknown levels {bad}; valid: {LEVELS}")
         self.conditions = tuple(self.conditions)
-        self.options = dict(self.options or {})
-        knobs = self.knob_defaults()
-        given = dict(self.knobs or {})
-        unknown = sorted(set(given) - set(knobs))
-        if unknown:
-            raise ValueError(
-                f"rule {self.name!r}: {unknown} are not knobs its driver reads; "
-                f"knobs of this rule: {sorted(knobs) or 'none'} (its own options go in options=)"
-            )
-        clash = sorted(set(self.options) & set(knobs))
-        if clash:
-            raise ValueError(f"rule {self.name!r}: {clash} are knobs of its driver; pass them as knobs=")
-        self.knobs = {**knobs, **given}
+        self.options = {**self.class_options(), **dict(self.options or {})}
         for name, value in self.option_defaults().items():
             self.check_setting(name, value)  # a rule's own defaults obey its ranges
         self.cudagraph_options = {lv: dict(opts) for lv, opts in (self.cudagraph_options or {}).items()}
@@ -385,17 +372,18 @@ class Rule:
 
     # ``anchors``: defined by each kind of rule (a property of the pattern, or a field).
 
-    def knob_defaults(self) -> dict[str, Any]:
-        """The knobs the level's driver reads for this rule, with their defaults."""
-        return dict(self.KNOBS)
+    def class_options(self) -> dict[str, Any]:
+        """The options the level's driver reads for every rule of this class, with their
+        defaults (``CLASS_OPTIONS``)."""
+        return dict(self.CLASS_OPTIONS)
 
     def option_defaults(self) -> dict[str, Any]:
-        """Every setting a user may give this rule (its options and its knobs), with defaults."""
-        return {**self.knobs, **self.options}
+        """Every option a user may give this rule, with its defaults."""
+        return dict(self.options)
 
     def check_setting(self, name: str, value: Any) -> None:
         """Raise (``TypeError`` / ``ValueError`` naming the rule, the setting and what it
-        accepts) unless ``value`` fits the setting ``name`` (an option or a knob)."""
+        accepts) unless ``value`` fits the option ``name``."""
         settable = self.option_defaults()
         if name not in settable:
             raise ValueError(f"rule {self.name!r} has no option {name!r}; valid options: {sorted(settable) or 'none'}")
@@ -534,7 +522,7 @@ def rule_decorator(cls: type[Rule], subject: str, *, fixed: Mapping[str, Any] | 
     ``what`` (the pattern, or a group rule's anchor ops) becomes the field ``subject``;
     ``where`` the conditions; ``name`` defaults to the function's name and ``doc`` to its
     docstring; every other keyword is a field of ``cls`` (``kind``, ``levels``,
-    ``stage``, ``options``, ``knobs``, ``default``, and the kind's own).
+    ``stage``, ``options``, ``default``, the traits, and the kind's own).
     ``fixed`` are fields the kind sets itself. The rule joins the registry at once
     (``register=False`` to build it only): every later ``optimus.compile`` whose passes
     include its kind and level uses it, and the compile-cache key changes with it.
@@ -550,6 +538,9 @@ def rule_decorator(cls: type[Rule], subject: str, *, fixed: Mapping[str, Any] | 
                 f"{decorator.__name__}() takes no priority: a rule names its stage (stage=, one of "
                 f"{', '.join(STAGES)}) and runs after the rules registered before it in that stage"
             )
+        if "knobs" in fields:
+            raise TypeError(f"{decorator.__name__}() takes no knobs: every setting of a rule is an option (options=), "
+                            f"including the ones its driver reads ({cls.__name__}.CLASS_OPTIONS)")
 
         def wrap(fn: Callable[..., Any]) -> Any:
             r = cls(name=name or fn.__name__, replace=fn, conditions=tuple(where), doc=inspect.getdoc(fn) or "", **{subject: what}, **fixed, **fields)

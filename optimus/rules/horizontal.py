@@ -366,7 +366,7 @@ def _pointwise_copies(g: Group) -> list[list[Any]]:
     return _copied(g, _pointwise_operands(g)[1])
 
 
-@group_rule(BATCHABLE_POINTWISE, key=_pointwise_key, stage="batch_elementwise", options={"max_stack_bytes": MAX_STACK_BYTES}, knobs={"min_group": 3}, copies=_pointwise_copies)
+@group_rule(BATCHABLE_POINTWISE, key=_pointwise_key, stage="batch_elementwise", options={"max_stack_bytes": MAX_STACK_BYTES, "min_group": 3}, copies=_pointwise_copies)
 def batch_pointwise(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     """Identical elementwise ops on different tensors become one op on their stack.
 

@@ -93,8 +93,7 @@ def _reductions_within_max_rnumel(m: FusionMatch) -> bool:
     pairing="producer_consumer",
     kind="vertical",
     where=[_within_max_nodes],
-    options={"max_nodes": 64},
-    knobs={"max_rounds": 10, "relaxed": False},
+    options={"max_nodes": 64, "max_rounds": 10, "relaxed": False},
 )
 def fuse_producer_consumer(m: FusionMatch, b: FusionBuilder):
     """A producer kernel and its consumer that Inductor's own fusion check accepts, but that
@@ -118,8 +117,8 @@ def fuse_producer_consumer(m: FusionMatch, b: FusionBuilder):
     pairing="independent",
     kind="horizontal",
     where=[_within_max_kernels, _within_max_nodes, _within_max_accesses, _within_max_loads, _within_max_work, _near_in_schedule, _same_cpu_region],
-    options={"max_kernels": 8, "max_nodes": 64, "max_accesses": 64, "max_loads": 64, "max_work": 1 << 24, "max_distance": 64, "memory_increase": None},
-    knobs={"max_attempts": 64},
+    options={"max_kernels": 8, "max_nodes": 64, "max_accesses": 64, "max_loads": 64, "max_work": 1 << 24, "max_distance": 64, "memory_increase": None,
+             "max_attempts": 64},
 )
 def fuse_independent_kernels(m: FusionMatch, b: FusionBuilder):
     """Independent kernels over the same iteration space become one kernel.
@@ -149,8 +148,8 @@ def _combinable(m: FusionMatch) -> bool:
     pairing="combo",
     kind="horizontal",
     where=[_within_max_kernels, _within_max_accesses, _within_max_loads, _within_max_work, _reductions_within_max_rnumel, _near_in_schedule],
-    options={"max_kernels": 8, "max_accesses": 64, "max_loads": 64, "max_work": 1 << 20, "max_rnumel": 2048, "max_distance": 64, "memory_increase": None},
-    knobs={"max_attempts": 64, "verify_codegen": True, "benchmark": False},
+    options={"max_kernels": 8, "max_accesses": 64, "max_loads": 64, "max_work": 1 << 20, "max_rnumel": 2048, "max_distance": 64, "memory_increase": None,
+             "max_attempts": 64, "verify_codegen": True, "benchmark": False},
     saves_only_launches=True,  # the kernels stay apart, only their launches merge
 )
 def combo_small_kernels(m: FusionMatch, b: FusionBuilder):

@@ -72,13 +72,15 @@ def test_families_register_in_the_listed_order():
     assert builtin == [f.__name__ for f in rules.FAMILIES]
 
 
-def test_a_stage_is_named_and_priority_is_refused_with_the_reason():
+def test_a_stage_is_named_and_priority_or_knobs_are_refused_with_the_reason():
     from optimus import Op, Var
 
     with pytest.raises(ValueError, match="stage must be one of"):
         optimus.rule(Op("relu", Var("x")), stage="early", register=False)(lambda m, b: m.x)
     with pytest.raises(TypeError, match="takes no priority: a rule names its stage"):
         optimus.rule(Op("relu", Var("x")), priority=3, register=False)(lambda m, b: m.x)
+    with pytest.raises(TypeError, match="takes no knobs: every setting of a rule is an option"):
+        optimus.rule(Op("relu", Var("x")), knobs={"min_group": 3}, register=False)(lambda m, b: m.x)
 
 
 def test_fingerprint_tracks_selection_and_options():

@@ -1,5 +1,5 @@
 """One rule protocol for every level: the base, its three kinds, conditions, filters,
-options and knobs, fingerprints, and the order rules run in."""
+options, fingerprints, and the order rules run in."""
 
 import pytest
 import torch
@@ -25,7 +25,7 @@ def test_three_kinds_one_base_one_catalogue():
     for r in REGISTRY.rules():
         assert isinstance(r, Rule)
         assert r.anchors and r.doc and len(r.fingerprint()) == 16
-        assert set(r.option_defaults()) == set(r.options) | set(r.knobs)
+        assert set(r.class_options()) <= set(r.option_defaults()) == set(r.options)
     assert isinstance(REGISTRY.get("merge_splits"), PatternRule)
     assert isinstance(REGISTRY.get("batch_linear"), GroupRule)
     assert isinstance(REGISTRY.get("fuse_independent_kernels"), FusionRule)
@@ -39,21 +39,20 @@ def test_rule_constructor_still_builds_pattern_rules():
         Rule(name="test_no_kind", replace=lambda m, b: None)
 
 
-def test_knobs_are_declared_apart_from_options():
-    assert GroupRule.KNOBS == {"min_group": 2, "max_group": 256, "max_span": 4096}
+def test_a_rules_class_gives_it_the_options_its_driver_reads():
+    assert GroupRule.CLASS_OPTIONS == {"min_group": 2, "max_group": 256, "max_span": 4096}
     batch = REGISTRY.get("batch_pointwise")
-    assert batch.knobs == {"min_group": 3, "max_group": 256, "max_span": 4096} and "min_group" not in batch.options
+    assert batch.option_defaults() == {"min_group": 3, "max_group": 256, "max_span": 4096, "max_stack_bytes": 256 * 2**20}
     fusion = REGISTRY.get("fuse_producer_consumer")
-    assert fusion.knobs == {"max_rounds": 10, "relaxed": False} and fusion.options == {"max_nodes": 64}
-    assert set(REGISTRY.get("combo_small_kernels").knobs) == {"max_attempts", "verify_codegen", "benchmark"}
+    assert fusion.option_defaults() == {"max_rounds": 10, "relaxed": False, "max_nodes": 64}
+    assert {"max_attempts", "verify_codegen", "benchmark"} <= set(REGISTRY.get("combo_small_kernels").option_defaults())
     key = lambda call, view: None  # noqa: E731
-    with pytest.raises(ValueError, match="pass them as knobs="):
-        group_rule("relu", key=key, options={"min_group": 4}, register=False)(lambda g, b: {})
-    with pytest.raises(ValueError, match="not knobs its driver reads"):
-        group_rule("relu", key=key, knobs={"max_rounds": 4}, register=False)(lambda g, b: {})
-    with pytest.raises(ValueError, match="not knobs"):
-        rule(Op("relu", Var("x")), knobs={"min_group": 2}, register=False)(lambda m, b: m.x)
-    # users set knobs per rule like options; both reach the driver's view of the rule
+    mine = group_rule("relu", key=key, options={"min_group": 4, "mine": 1}, register=False)(lambda g, b: {})
+    assert mine.option_defaults() == {"min_group": 4, "max_group": 256, "max_span": 4096, "mine": 1}
+    with pytest.raises(ValueError, match="'min_group' must be >= 2"):
+        group_rule("relu", key=key, options={"min_group": 1}, register=False)(lambda g, b: {})
+    assert "min_group" not in rule(Op("relu", Var("x")), register=False)(lambda m, b: m.x).option_defaults()
+    # users set any of them per rule; all reach the driver's view of the rule
     cfg = resolve({"torch_ir": {"batch_pointwise": {"min_group": 5, "max_stack_bytes": 1024}}})
     opts = cfg.options_for("torch_ir", batch)
     assert opts["min_group"] == 5 and opts["max_stack_bytes"] == 1024 and opts["max_group"] == 256
@@ -125,8 +124,8 @@ def test_fingerprint_follows_code_options_and_filters():
     assert base.fingerprint() != make(filter_a, {"n": 1}).fingerprint()
     assert base.fingerprint() != make(filter_a, stage="convert").fingerprint()
     g1 = group_rule("relu", key=lambda c, v: 1, register=False)(lambda g, b: {})
-    g2 = group_rule("relu", key=lambda c, v: 1, knobs={"min_group": 3}, register=False)(lambda g, b: {})
+    g2 = group_rule("relu", key=lambda c, v: 1, options={"min_group": 3}, register=False)(lambda g, b: {})
     assert g1.fingerprint() != g2.fingerprint()
     f1 = fusion_rule(Op("pointwise"), name="test_f", register=False)(lambda m, b: b.fuse(m.target, m.candidate))
-    f2 = fusion_rule(Op("pointwise"), name="test_f", knobs={"max_attempts": 3}, register=False)(lambda m, b: b.fuse(m.target, m.candidate))
+    f2 = fusion_rule(Op("pointwise"), name="test_f", options={"max_attempts": 3}, register=False)(lambda m, b: b.fuse(m.target, m.candidate))
     assert f1.fingerprint() != f2.fingerprint()
