@@ -1,4 +1,7 @@
-"""The package's import graph: no cycle, and nothing in ``optimus/core`` imports outward.
+"""The package's architecture: its import graph (no cycle; ``optimus/core`` imports nothing
+outside it; nothing below the rules imports a rule; the planner imports no level; the
+library does not import the tools; a kernel family imports only the runtime), and no rule
+named outside its own file.
 
 Every ``import`` / ``from ... import`` statement of every module of the package (and of
 ``kernels/``, installed as ``optimus.kernels``) is read with ``ast``, including the ones
@@ -177,6 +180,25 @@ def test_nothing_below_the_rules_imports_a_rule():
         if target == "optimus.rules" or target.startswith("optimus.rules.")
     )
     assert not reaching, f"modules below the rules importing a rule module: {reaching}"
+
+
+def test_the_planner_imports_no_level_and_not_the_compile():
+    """The levels' drivers ask the planner (the FX driver through ``core.group.GroupPlanner``,
+    the Inductor-IR driver calls ``ScheduleMemory`` with Inductor's estimates in hand); the
+    compile asks it for a graph's passes. It reads Inductor through no one."""
+    graph = import_graph()
+    levels = ("optimus.torch_ir", "optimus.aten_ir", "optimus.inductor_ir", "optimus.compile")
+    reaching = sorted((n, t) for n, edges in graph.items() if n.startswith("optimus.planner") for t in edges if t.startswith(levels))
+    assert not reaching, f"planner modules importing a level or the compile: {reaching}"
+
+
+def test_the_registry_does_not_import_the_rule_protocol_even_for_types():
+    """``core.rule`` registers rules into ``core.registry``; the registry reads them through
+    its own protocol (``RegisteredRule``), so the two do not import each other in any form."""
+    tree = ast.parse(MODULES["optimus.core.registry"].read_text())
+    every = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]  # TYPE_CHECKING ones too
+    targets = {t for node in every for t in _targets("optimus.core.registry", node)}
+    assert "optimus.core.rule" not in targets and "optimus.core.registry" in import_graph()["optimus.core.rule"]
 
 
 def test_fixpoint_and_numeric_check_do_not_import_each_other():
