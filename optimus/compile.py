@@ -31,15 +31,14 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from . import torch_api, distributed, safety_net
+from . import distributed, planner, safety_net, torch_api
 from .aten_ir.view import graph_kind
 from .core.runner import optimize_graph
 from .core.snapshot import restore, snapshot
 from .core.passkey import UuidKeyed
-from .core.registry import AUTO, REGISTRY, PassConfig, resolve
+from .core.registry import REGISTRY, PassConfig, resolve
 from .core import upstream_names
 from .core.report import Report
-from . import planner
 
 log = logging.getLogger("optimus")
 

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.fx as fx
 
-from .. import torch_api, safety_net
+from .. import safety_net, torch_api
 from . import decisions
 
 TUNE_CANDIDATES = ("auto", "all", "vertical", "none")  # what tune=True measures per graph
