@@ -128,9 +128,16 @@ def check_packed(fn: str, name: str, t: Tensor, numel, dtype: torch.dtype, devic
 def check_columns(fn: str, name: str, t: Tensor, rows, widths, dtype: torch.dtype, device: torch.device) -> None:
     """The column layout's operand: one (rows[0], sum widths) matrix, every member with the
     same rows."""
-    if len(set(rows)) > 1:
-        raise ValueError(f"{fn}: the column layout needs every member to have the same rows, got {list(rows)}")
-    shape = (rows[0], sum(widths))
+    first = rows[0]
+    for r in rows[1:]:
+        if r is first:  # one symbolic row count passed for every member
+            continue
+        if isinstance(r, int) and isinstance(first, int):
+            if r != first:
+                raise ValueError(f"{fn}: the column layout needs every member to have the same rows, got {list(rows)}")
+        else:
+            torch._check(r == first, lambda: f"{fn}: the column layout needs every member to have the same rows, got {list(rows)}")
+    shape = (first, sum(widths))
     if t.dim() != 2:
         raise ValueError(f"{fn}: {name} in the column layout must be 2-D {shape}, got shape {tuple(t.shape)}")
     torch._check(t.shape[0] == shape[0] and t.shape[1] == shape[1],

@@ -50,7 +50,6 @@ class Unknown:
 
 
 State = tuple[Any, tuple[Any, ...], tuple[Any, ...]]
-START: State = (AMBIENT, (), ())
 
 
 def _marker_targets() -> dict[Any, str]:
@@ -113,6 +112,21 @@ def _after(state: State, node: fx.Node, kind: str) -> State:
     return grad, inference, autocast
 
 
+def current_autocast() -> tuple[tuple[str, ...], ...]:
+    """The autocast contexts active now, as markers record them (device type, dtype,
+    enabled, cache): a Torch-IR graph Dynamo traced inside ``torch.autocast`` carries no
+    marker for it, and runs under it (Dynamo guards on the autocast state); its pre-grad
+    pass runs under it too."""
+    entries = []
+    for device in ("cpu", "cuda"):
+        try:
+            if torch.is_autocast_enabled(device):
+                entries.append((device, str(torch.get_autocast_dtype(device)), "True", "None"))
+        except Exception:  # a device type this torch build does not know
+            continue
+    return tuple(entries)
+
+
 class Regions:
     """The state every node of one graph runs in, from the markers' places.
 
@@ -122,11 +136,14 @@ class Regions:
     place in graph order (new nodes included).
     """
 
-    def __init__(self, graph: fx.Graph) -> None:
+    def __init__(self, graph: fx.Graph, ambient_autocast: tuple[tuple[str, ...], ...] = ()) -> None:
         self.graph = graph
         self.markers: list[fx.Node] = []
         self.states: list[State] = []  # the state after each marker
-        state = START
+        # the state the graph is entered in: the caller's grad mode, and the autocast the
+        # graph runs under without a marker of its own
+        self.start: State = (AMBIENT, (), tuple(ambient_autocast))
+        state = self.start
         for n in graph.nodes:
             kind = marker_kind(n)
             if kind is not None:
@@ -142,11 +159,11 @@ class Regions:
     def state_at(self, node: fx.Node) -> State:
         """The state ``node`` runs in (where it stands in the graph now)."""
         if not self.markers:
-            return START
+            return self.start
         i = bisect.bisect_left(self._keys, node._sort_key)
         if i < len(self._keys) and self.markers[i] is node:
             i += 1  # a marker runs in the state before it
-        return self.states[i - 1] if i > 0 else START
+        return self.states[i - 1] if i > 0 else self.start
 
     def autocast_entries(self, node: fx.Node) -> list[tuple[str, ...]]:
         """The autocast contexts ``node`` runs under, outermost first (their recorded

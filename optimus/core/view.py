@@ -118,8 +118,13 @@ class GraphView:
         """The grad-mode / inference-mode / autocast regions of the graph
         (``core.regions``; read once: rewrites never add, move or remove a marker)."""
         if self._regions is None:
-            self._regions = Regions(self.graph)
+            self._regions = Regions(self.graph, self.ambient_autocast())
         return self._regions
+
+    def ambient_autocast(self) -> tuple[tuple[str, ...], ...]:
+        """The autocast the graph runs under without a marker of its own (``Regions``):
+        none at levels where casts are explicit ops."""
+        return ()
 
     # ------------------------------------------------------------------ metadata
     def val(self, node: Any) -> Any:

@@ -55,7 +55,7 @@ Levels:
   on, so the LayerNorm rule is Torch-IR only.
 
 Uniform groups (every member of one shape) are left to the bmm / stack rules, which run
-first (lower priority number); a uniform group that reaches these rules is declined.
+first (same stage, family imported earlier); a uniform group that reaches these rules is declined.
 The packs are copies (one kernel each) unless the operands already lie packed; the
 profitability check counts them, as ``horizontal._profitable`` counts stacks.
 """
@@ -71,6 +71,7 @@ from .. import kernels  # noqa: F401  (importing registers the optimus:: custom 
 from ..kernels.runtime.params import lies_concatenated
 from ..core.group import Group, group_rule
 from ..core.rule import Builder
+from ..core.symbolic import is_symbolic, size_hint, sym_key
 from ..core.view import GraphView, is_int, num_outputs
 from ..core.vocab import Call, ParamRef, register_extern_op
 from ._facts import kernel_op_device_problem
@@ -107,6 +108,8 @@ register_extern_op("grouped_linear", torch.ops.optimus.grouped_linear.default)
 register_extern_op("batched_layer_norm", torch.ops.optimus.batched_layer_norm.default)
 register_extern_op("grouped_linear_params", torch.ops.optimus.grouped_linear_params.default)
 register_extern_op("batched_layer_norm_params", torch.ops.optimus.batched_layer_norm_params.default)
+SYM_SIZE_OP = "sym_size"  # a symbolic row count as a graph value (also registered by embedding.py)
+register_extern_op(SYM_SIZE_OP, torch.ops.aten.sym_size.int)
 
 
 # ------------------------------------------------------------------------ helpers
@@ -120,6 +123,44 @@ def _static_shape(view: GraphView, value: Any) -> tuple[int, ...] | None:
     if shape is None or not all(is_int(s) and s > 0 for s in shape):
         return None
     return tuple(int(s) for s in shape)
+
+
+def _input_shape(view: GraphView, value: Any) -> tuple[Any, ...] | None:
+    """A member input's shape where its row count may be symbolic: a static, non-zero last
+    dim (the kernels' K or width) and either static leading dims, or one symbolic leading
+    dim (a 2-D input under dynamic shapes). The column layout takes such rows as a
+    ``SymInt`` (``_rows``); the packed layout needs them static (``_static_rows``)."""
+    shape = view.shape(value) if isinstance(value, fx.Node) else None
+    if shape is None:
+        return _static_shape(view, value)
+    if not shape or not is_int(shape[-1]) or shape[-1] <= 0:
+        return None
+    lead = shape[:-1]
+    if all(is_int(s) and s > 0 for s in lead):
+        return tuple(int(s) for s in shape)
+    if len(lead) == 1 and is_symbolic(lead[0]):
+        return tuple(shape)
+    return None
+
+
+def _shape_key(shape: Sequence[Any] | None) -> Any:
+    """A hashable form of a shape whose sizes may be symbolic (equal keys: provably equal)."""
+    return None if shape is None else tuple(sym_key(s) for s in shape)
+
+
+def _static_rows(g: Group) -> str | None:
+    """a member's row count is symbolic: the packed layout needs it as a constant (the column layout, towers over one split, takes it symbolic)"""
+    if _column_layout(g) is not None:
+        return None
+    if all(_static_shape(g.view, c.input) is not None for c in g.members):
+        return None
+    return _static_rows.__doc__
+
+
+def _rows(b: Builder, base: fx.Node, rows: Any) -> Any:
+    """The row count for the op's ``SymInt[]``: the int, or a symbolic one as the graph value
+    ``sym_size(base, 0)`` (an FX graph holds a ``SymInt`` only as a node's value)."""
+    return b.emit(SYM_SIZE_OP, base, 0) if is_symbolic(rows) else int(rows)
 
 
 def _meta(view: GraphView, value: Any) -> tuple[str, str, bool] | None:
@@ -185,7 +226,7 @@ def _nbytes(view: GraphView, value: Any) -> int:
         p = view.gm.get_parameter(value.target)
         return p.numel() * p.element_size()
     v = view.tensor_val(value)
-    return 0 if v is None else math.prod(int(s) for s in v.shape) * v.element_size()
+    return 0 if v is None else math.prod(size_hint(s) for s in v.shape) * v.element_size()
 
 
 def _check_profitable(g: Group, kernels_before: int, operand_lists: Sequence[Sequence[Any]]) -> None:
@@ -225,7 +266,7 @@ def _columns_of(view: GraphView, xs: Sequence[Any]) -> tuple[fx.Node, list[int]]
     if split is None or len(chunk_of) != len(xs) or sorted(chunk_of) != list(range(num_outputs(view, split) or -1)):
         return None
     base = sc.input
-    if _static_shape(view, base) is None:
+    if _input_shape(view, base) is None:
         return None
     return base, [chunk_of[j] for j in range(len(xs))]
 
@@ -356,12 +397,15 @@ def _emit_grouped_linear(g: Group, b: Builder, xs: list[Any], ws_nk: list[Any], 
     if columns is not None:
         xs, ws_nk, x_shapes, ns, olds, bs = _in_chunk_order(columns[1], xs, ws_nk, x_shapes, ns, olds, bs)
     ks = [s[-1] for s in x_shapes]
-    ms = [math.prod(s[:-1]) for s in x_shapes]
     before = len(g.members) * (2 if act is not None else 1)
     param_lists = [ws_nk] + ([bs] if bs is not None else [])
     params = params and not _param_copies(g.view, param_lists)  # every list lies concatenated
     _check_profitable(g, before, ([] if columns is not None else [xs]) + ([] if params else param_lists))
     x, layout = _emit_input(b, columns, xs, x_shapes)
+    if columns is not None:  # one row count for every member, symbolic or not
+        ms = [_rows(b, x, x_shapes[0][0] if len(x_shapes[0]) == 2 else math.prod(x_shapes[0][:-1]))] * len(xs)
+    else:
+        ms = [math.prod(s[:-1]) for s in x_shapes]
     if params:
         out = b.emit("grouped_linear_params", x, [b.value(v) for v in ws_nk], [b.value(v) for v in bs or []],
                      ms, ks, ns, act or "none", layout)
@@ -377,7 +421,7 @@ def _linear_key(call: Call, view: GraphView) -> Hashable:
     x, w, bias = call.args["input"], call.args["weight"], call.args.get("bias")
     if not isinstance(x, fx.Node) or not isinstance(w, (fx.Node, ParamRef)):
         return None
-    xs, ws = _static_shape(view, x), _static_shape(view, w)
+    xs, ws = _input_shape(view, x), _static_shape(view, w)
     if xs is None or ws is None or len(xs) < 1 or len(ws) != 2 or ws[1] != xs[-1]:
         return None
     if bias is not None and (not isinstance(bias, (fx.Node, ParamRef)) or _static_shape(view, bias) != (ws[0],)):
@@ -394,7 +438,7 @@ def _on_a_gpu(g: Group) -> str | None:
 
 
 def _linear_shapes_differ(g: Group) -> str | None:
-    shapes = {(_static_shape(g.view, c.input), _static_shape(g.view, c.args["weight"])) for c in g.members}
+    shapes = {(_shape_key(_input_shape(g.view, c.input)), _static_shape(g.view, c.args["weight"])) for c in g.members}
     return UNIFORM_LINEAR if len(shapes) == 1 else None
 
 
@@ -402,7 +446,7 @@ def _linear_shapes_differ(g: Group) -> str | None:
     "linear",
     key=_linear_key,
     levels=("torch_ir",),
-    where=[_on_a_gpu, _linear_shapes_differ],
+    where=[_on_a_gpu, _linear_shapes_differ, _static_rows],
     stage="batch_matmuls",
     options={"max_pack_bytes": MAX_PACK_BYTES},
     copies=_linear_copies,
@@ -420,7 +464,7 @@ def grouped_linear(g: Group, b: Builder) -> dict[fx.Node, fx.Node]:
     xs = [c.input for c in g.members]
     ws = [c.args["weight"] for c in g.members]
     bs = [c.args["bias"] for c in g.members] if g.members[0].args.get("bias") is not None else None
-    x_shapes = [_static_shape(g.view, x) for x in xs]
+    x_shapes = [_input_shape(g.view, x) for x in xs]
     ns = [_static_shape(g.view, w)[0] for w in ws]  # type: ignore[index]
     return _emit_grouped_linear(g, b, xs, ws, bs, x_shapes, ns, params=True)  # type: ignore[arg-type]
 
@@ -505,10 +549,10 @@ def _layer_norm_key(call: Call, view: GraphView) -> Hashable:
     x = a["input"]
     if not isinstance(x, fx.Node):
         return None
-    shape = _static_shape(view, x)
+    shape = _input_shape(view, x)
     norm = list(a["normalized_shape"])
-    if shape is None or len(shape) < 1 or len(norm) != 1 or norm[0] != shape[-1]:
-        return None  # the kernel normalizes over the last dim only
+    if shape is None or len(shape) < 1 or len(norm) != 1 or norm[0] != shape[-1] or not isinstance(a["eps"], (int, float)):
+        return None  # the kernel normalizes over the last dim only, with a constant eps
     dt = _kernel_dtype(view, x)
     w, bias = a["weight"], a["bias"]
     for p in (w, bias):
@@ -521,14 +565,14 @@ def _layer_norm_key(call: Call, view: GraphView) -> Hashable:
 
 
 def _layer_norm_shapes_differ(g: Group) -> str | None:
-    return UNIFORM_LAYER_NORM if len({_static_shape(g.view, c.input) for c in g.members}) == 1 else None
+    return UNIFORM_LAYER_NORM if len({_shape_key(_input_shape(g.view, c.input)) for c in g.members}) == 1 else None
 
 
 @group_rule(
     "layer_norm",
     key=_layer_norm_key,
     levels=("torch_ir",),
-    where=[_on_a_gpu, _layer_norm_shapes_differ],
+    where=[_on_a_gpu, _layer_norm_shapes_differ, _static_rows],
     stage="batch_norms",
     options={"max_pack_bytes": MAX_PACK_BYTES},
     copies=_layer_norm_copies,
@@ -549,14 +593,17 @@ def batched_layer_norm(g: Group, b: Builder) -> dict[fx.Node, fx.Node]:
     columns = _column_layout(g)
     if columns is not None:  # the inputs side by side in one matrix: read in place (see grouped_linear)
         xs, olds, ws, bs = _in_chunk_order(columns[1], xs, olds, ws, bs)
-    shapes = [_static_shape(g.view, x) for x in xs]
+    shapes = [_input_shape(g.view, x) for x in xs]
     widths = [s[-1] for s in shapes]  # type: ignore[index]
-    rows = [math.prod(s[:-1]) for s in shapes]  # type: ignore[index]
     param_lists = [p for p in (ws, bs) if p is not None]
     in_place = bool(param_lists) and not _param_copies(g.view, param_lists)  # packed by pack_parameters
     _check_profitable(g, len(g.members), ([] if columns is not None else [xs]) + ([] if in_place else param_lists))
     eps = float(a0["eps"])
     x, layout = _emit_input(b, columns, xs, shapes)  # type: ignore[arg-type]
+    if columns is not None:  # one row count for every member, symbolic or not
+        rows = [_rows(b, x, shapes[0][0] if len(shapes[0]) == 2 else math.prod(shapes[0][:-1]))] * len(xs)  # type: ignore[index]
+    else:
+        rows = [math.prod(s[:-1]) for s in shapes]  # type: ignore[index]
     if in_place:
         out = b.emit("batched_layer_norm_params", x, [b.value(v) for v in ws or []], [b.value(v) for v in bs or []],
                      rows, widths, eps, layout)

@@ -286,6 +286,10 @@ def batch_layer_norm(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
             "mean/rstd may get another layout from Inductor, and AOTAutograd restrides the backward's copy "
             "with the example sizes (a guard that specializes the batch)"
         )
+    params = [p for p in (ws[0], bs[0]) if p is not None]
+    if any(g.view.dtype(p) not in (None, g.view.dtype(xs[0])) for p in params if isinstance(p, fx.Node)):
+        g.decline("the inputs' dtype differs from the weights' (mixed precision, as under autocast): "
+                  "LayerNorm keeps the input's dtype, the separate affine would promote it")
     _profitable(g, _layer_norm_operands(g))
     rank = g.view.rank(xs[0])
     x = b.stack(xs, 0)

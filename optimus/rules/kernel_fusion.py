@@ -119,6 +119,7 @@ def fuse_producer_consumer(m: FusionMatch, b: FusionBuilder):
     where=[_within_max_kernels, _within_max_nodes, _within_max_accesses, _within_max_loads, _within_max_work, _near_in_schedule, _same_cpu_region],
     options={"max_kernels": 8, "max_nodes": 64, "max_accesses": 64, "max_loads": 64, "max_work": 1 << 24, "max_distance": 64, "memory_increase": None,
              "max_attempts": 64},
+    ranges={"max_distance": (0, None)},  # 0: nothing is near enough (the rule off, by its cap)
 )
 def fuse_independent_kernels(m: FusionMatch, b: FusionBuilder):
     """Independent kernels over the same iteration space become one kernel.
@@ -150,6 +151,7 @@ def _combinable(m: FusionMatch) -> bool:
     where=[_within_max_kernels, _within_max_accesses, _within_max_loads, _within_max_work, _reductions_within_max_rnumel, _near_in_schedule],
     options={"max_kernels": 8, "max_accesses": 64, "max_loads": 64, "max_work": 1 << 20, "max_rnumel": 2048, "max_distance": 64, "memory_increase": None,
              "max_attempts": 64, "verify_codegen": True, "benchmark": False},
+    ranges={"max_distance": (0, None)},  # 0: nothing is near enough (the rule off, by its cap)
     saves_only_launches=True,  # the kernels stay apart, only their launches merge
 )
 def combo_small_kernels(m: FusionMatch, b: FusionBuilder):

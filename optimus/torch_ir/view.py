@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from ..core.levels import register_view
 from ..core.view import REQUIRED, GraphView, bind, is_int
+from ..core.regions import current_autocast
 from ..core.vocab import EXTERN_OPS, MULTI_OUTPUT, SCHEMAS, UNARY_POINTWISE, ParamRef
 
 R = REQUIRED
@@ -193,6 +194,12 @@ class TorchIRView(GraphView):
             has = {k for n in gm.graph.nodes for k in ("example_value", "val") if k in n.meta}
             meta_key = "example_value" if "example_value" in has or not has else "val"
         self.meta_key = meta_key
+
+    def ambient_autocast(self) -> tuple[tuple[str, ...], ...]:
+        """Dynamo traces a model called inside ``torch.autocast`` without a marker for it, and
+        runs the pre-grad pass (and the compiled graph) under it: its ops' dtypes are the
+        autocast ones."""
+        return current_autocast()
 
     # ------------------------------------------------------------ classification
     def _classify(self, node: fx.Node) -> tuple[str, dict[str, Any]] | None:

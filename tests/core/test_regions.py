@@ -239,3 +239,32 @@ def test_regions_read_the_state_each_node_runs_in():
     assert regions.problem([(c, b)], []) is None  # only autocast differs: the dtype check decides
     assert not Regions(fx.symbolic_trace(lambda t: t + 1).graph)  # no markers: one region
     del x
+
+
+class _NormTowers(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.towers = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.ReLU()) for _ in range(6))
+
+    def forward(self, x):
+        return torch.cat([t(p) for t, p in zip(self.towers, torch.split(x, 8, 1))], 1)
+
+
+def test_a_model_called_under_autocast_keeps_its_dtypes_and_no_rule_errs():
+    """Dynamo traces a call inside torch.autocast without a marker: the graph runs under the
+    caller's autocast, and new nodes' metadata is computed under it too (a rule's result
+    dtype is the one the program gets); a rewrite that would change a dtype declines."""
+    torch.manual_seed(3)
+    model = _NormTowers()
+    compiled = _compile(copy.deepcopy(model), "all")
+    for _ in range(2):
+        x = torch.randn(16, 48)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got, want = compiled(x), model(x)
+        assert got.dtype == want.dtype == torch.bfloat16
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+        got.float().sum().backward()
+    report = compiled.optimus_report
+    assert not report.errors(), report.errors()
+    assert report.rule_totals()["batch_linear"].matched >= 1
+    assert any("mixed precision" in r for r in report.rule_totals()["batch_layer_norm"].declined)

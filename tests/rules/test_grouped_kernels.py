@@ -291,11 +291,48 @@ def test_layer_norm_over_two_dims_is_not_a_candidate():
     assert run.matched("batched_layer_norm") == 0 and run.ops(0)["layer_norm"] == 4
 
 
-def test_dynamic_batch_is_left_alone():
+def test_a_symbolic_batch_groups_towers_over_one_split():
+    """Towers over the chunks of one split share one row count: the column layout takes it
+    symbolic (a sym_size node feeds the op's SymInt[] rows), with no guard on the batch.
+    (``dynamic=True`` on a real module: the next test.)"""
     torch.manual_seed(13)
     f, ps = params_as_inputs(HeteroTowers())
     run = check_level(f, [torch.randn(4, 25)] + ps, "torch_ir", dynamic="batch")
+    (gl,) = custom_calls(run.graphs[0], "grouped_linear")
+    (ln,) = custom_calls(run.graphs[0], "batched_layer_norm")
+    assert gl[-1] == ln[-1] == "columns"
+    rows = gl[3]
+    assert len({id(r) for r in rows}) == 1 and isinstance(rows[0], torch.fx.Node) and rows[0].target is torch.ops.aten.sym_size.int
+
+
+def test_a_symbolic_batch_groups_across_batch_sizes_without_recompiling():
+    torch.manual_seed(17)
+    model = HeteroTowers()
+    compiled = optimus.compile(copy.deepcopy(model), passes="all", dynamic=True)
+    for batch in (5, 9):
+        x = torch.randn(batch, 25)
+        xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+        want, got = model(xe), compiled(xc)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        want.sum().backward()
+        got.sum().backward()
+        torch.testing.assert_close(xc.grad, xe.grad, rtol=1e-4, atol=1e-5)
+    totals = compiled.optimus_report.rule_totals()
+    assert totals["grouped_linear"].matched == 1 and totals["batched_layer_norm"].matched == 1
+    assert sum(1 for g in compiled.optimus_report.graphs if g.level == "torch_ir" and not g.discarded) == 1  # no recompile
+
+
+def test_symbolic_rows_in_the_packed_layout_decline_with_the_reason():
+    torch.manual_seed(18)
+    ks, ns = [3, 5, 7, 4, 6], [4, 6, 3, 8, 5]
+    ws = [torch.randn(n, k) for k, n in zip(ks, ns)]
+
+    def f(*a):  # separate inputs: the packed layout, whose member row counts must be constants
+        return torch.cat([torch.relu(F.linear(x, w)).sum(0) for x, w in zip(a[:5], a[5:])])
+
+    run = check_level(f, [torch.randn(6, k) for k in ks] + ws, "torch_ir", dynamic="batch")
     assert not custom_calls(run.graphs[0], "grouped_linear")
+    assert any("row count is symbolic" in r for r in declines(run, "grouped_linear")), declines(run, "grouped_linear")
 
 
 
