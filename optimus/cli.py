@@ -99,7 +99,7 @@ def _cmd_rules(args: argparse.Namespace) -> int:
     if args.markdown:
         print(rules_markdown(rules))
         return 0
-    data = [{"name": r.name, "kind": r.kind, "levels": list(r.levels), "anchors": list(r.anchors), "priority": r.priority,
+    data = [{"name": r.name, "kind": r.kind, "levels": list(r.levels), "anchors": list(r.anchors), "stage": r.stage,
              "options": {k: v if isinstance(v, (bool, int, float, str, type(None))) else repr(v) for k, v in r.option_defaults().items()},
              "summary": _summary(r)} for r in rules]
     if emit(data, args):
@@ -145,7 +145,7 @@ def rules_markdown(rules: list[Any]) -> str:
         lines += [f"## {kind}", ""]
         for r in chosen:
             default = "" if r.default else " (off by default: enable by name)"
-            lines += [f"### `{r.name}`{default}", "", f"levels: {', '.join(r.levels)} · anchor: {', '.join(r.anchors)} · priority {r.priority}"]
+            lines += [f"### `{r.name}`{default}", "", f"levels: {', '.join(r.levels)} · anchor: {', '.join(r.anchors)} · stage {r.stage}"]
             if r.option_defaults():
                 lines.append(f"· options: {', '.join(f'{k}={v!r}' for k, v in r.option_defaults().items())}")
             lines += ["", "```", r.doc.strip() or "(no docstring)", "```", ""]

@@ -31,19 +31,18 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from . import compat, distributed, safety_net
+from . import distributed, planner, safety_net, torch_api
 from .aten_ir.view import graph_kind
 from .core.runner import optimize_graph
 from .core.snapshot import restore, snapshot
 from .core.passkey import UuidKeyed
-from .core.registry import AUTO, PassConfig, exclude_rules, resolve
+from .core.registry import REGISTRY, PassConfig, resolve
 from .core import upstream_names
 from .core.report import Report
-from .planner import plan as planner_plan
 
 log = logging.getLogger("optimus")
 
-CustomGraphPass = compat.CustomGraphPass or object
+CustomGraphPass = torch_api.CustomGraphPass or object
 
 # The backend's own keys in ``options`` (everything else there is an Inductor option).
 PASSES_OPTION = "optimus_passes"
@@ -54,26 +53,10 @@ TUNE_OPTION = "optimus_tune"
 # of the zoo's medians (docs/planner.md, "Against the targets", which also lists what it
 # misses). The fixed presets stay available by name.
 DEFAULT_PASSES = "auto"
-TUNE_CANDIDATES = ("auto", "all", "vertical", "none")  # what tune=True measures per graph
-# Inductor's own autotuning is left out of the trial compiles (it would multiply their cost
-# by the GEMM search); the chosen plan compiles with it.
-# Rules that emit Triton custom ops not yet run under CUDA graphs. Under mode="reduce-overhead"
-# an op's cached device tables must not stay alive in a graph's pool, which cudagraph trees refuse
-# at the first replay ("tensors in the cudagraph pool not tracked as outputs"). The
-# grouped-linear and layer-norm ops allocate their tables off the routed thread
-# (kernels/runtime/tables.py) and run under cudagraph trees on the H200 (hetero_towers, training
-# and inference: outputs and gradients as eager's, faster than Inductor's CUDA graphs), so
-# grouped_linear, grouped_mm (the same op, at Aten-IR) and batched_layer_norm stay on there.
-# The grouped embedding-bag op has not run under capture: with OPTIMUS_CUDAGRAPH_KERNELS=1 its
-# rule stays on too, to measure it.
-CUDAGRAPH_UNSAFE_RULES = ("group_embedding_lookups",)
+# Under CUDA graphs (mode="reduce-overhead") the rules whose replacement has not run under
+# graph capture (the rule trait ``cudagraph_safe=False``) are left out, unless this variable
+# is "1" (to try them there); rules with ``cudagraph_options`` take those options there.
 CUDAGRAPH_KERNELS_ENV = "OPTIMUS_CUDAGRAPH_KERNELS"
-# Rule options turned off under CUDA graphs: batch_linear's optimus::packed_linear (packed
-# weights, docs/packing.md) runs correctly under capture on the H200 (with
-# OPTIMUS_CUDAGRAPH_KERNELS=1) but is not faster there (towers32 1.16x -> 0.99x Inductor's
-# CUDA graphs), so packed weights are stacked there.
-CUDAGRAPH_UNSAFE_OPTIONS = {("torch_ir", "batch_linear"): {"packed_weights": False}}
-TRIAL_OPTIONS_OFF = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise", "coordinate_descent_tuning")
 
 
 # What decides the code a compile produces: the core, the level views and drivers, the
@@ -81,7 +64,7 @@ TRIAL_OPTIONS_OFF = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwis
 # their benchmarks live in optimus/bench/kernels). The tools (demo, fuzzer, scale, GPU
 # check), the benchmark harness, the model zoo, the measurement helpers and the command
 # line do not; changing them keeps every compile-cache entry valid.
-COMPILED_SOURCES: tuple[str, ...] = ("core", "torch_ir", "aten_ir", "inductor_ir", "rules", "planner", "compile.py", "compat.py", "distributed.py", "packing.py", "safety_net.py")
+COMPILED_SOURCES: tuple[str, ...] = ("core", "torch_ir", "aten_ir", "inductor_ir", "rules", "planner", "compile.py", "torch_api.py", "distributed.py", "packing.py", "safety_net.py")
 
 
 def compiled_source_files() -> list[tuple[str, pathlib.Path]]:
@@ -109,8 +92,8 @@ def source_fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
-SCHEDULER_HOOKS = compat.SCHEDULER_HOOKS
-_INNER_HOOKS = ("post_grad_custom_pre_pass",) + compat.SCHEDULER_HOOKS
+SCHEDULER_HOOKS = torch_api.SCHEDULER_HOOKS
+_INNER_HOOKS = ("post_grad_custom_pre_pass",) + torch_api.SCHEDULER_HOOKS
 _FX_LEVELS = ("torch_ir", "aten_ir")
 
 
@@ -170,7 +153,7 @@ class Session:
             if note:
                 gr.notes.append(note)  # type: ignore[union-attr]
             if gr is not None and level == "aten_ir" and graph_kind(graph) == "backward":
-                adopted = compat.adopt_gradient_layouts(graph)
+                adopted = torch_api.adopt_gradient_layouts(graph)
                 if adopted:
                     gr.notes.append(f"{len(adopted)} gradient(s) returned row-major as computed, not copied back to the traced strides "
                                     f"(AccumulateGrad takes them as they are): {', '.join(adopted[:4])}{' ...' if len(adopted) > 4 else ''}")
@@ -220,7 +203,7 @@ class Session:
 
     def _note_user_setup(self, user: dict[str, Any]) -> None:
         for hook, value in user.items():
-            names = ", ".join(safety_net._name(p) for p in compat.as_pass_list(value))
+            names = ", ".join(safety_net._name(p) for p in torch_api.as_pass_list(value))
             self.note_once(f"your {hook} ({names}) runs, followed by Optimus's passes in the same hook")
         for note in upstream_names.user_fusion_notes():
             self.note_once(note)
@@ -230,113 +213,51 @@ class Session:
         """Compile one Dynamo graph with Inductor and Optimus's passes, guarded so that
         no failure of ours breaks it (see ``optimus.safety_net``)."""
         options = dict(inductor_options or {})
-        user = compat.user_hooks(options)
+        user = torch_api.user_hooks(options)
         self._note_user_setup(user)
         plain = {**options, **safety_net.hook_patches(user, {})}
         self.config = self.base_config
-        if self.base_config.planned:
-            context = planner_plan.Context.of_compile(example_inputs, options, self.tune)
-            chosen = self._tuned(gm, example_inputs, options, context) if context.tune else None
-            if chosen is not None:
-                self.config = chosen
-            else:
-                self._plan(context)
+        if self.base_config.planned:  # passes="auto": the planner's choice for this graph
+            self.config = planner.plan_compile(self.base_config, gm, example_inputs, options, self.tune, self.report,
+                                               _compile_plan, self.next_graph_name, source_fingerprint)
         self.config = self._without_capture_unsafe_rules(self.config, options)
         return self._compile(gm, example_inputs, options, user, plain)
 
     def _without_capture_unsafe_rules(self, config: PassConfig, options: dict[str, Any]) -> PassConfig:
-        """Under CUDA graphs, the rules in ``CUDAGRAPH_UNSAFE_RULES`` are left out (said once),
-        unless ``OPTIMUS_CUDAGRAPH_KERNELS=1`` keeps them (an experiment; said too)."""
+        """Under CUDA graphs, the rules not safe under graph capture (``cudagraph_safe=False``)
+        are left out (said once), unless ``OPTIMUS_CUDAGRAPH_KERNELS=1`` keeps them (an
+        experiment; said too); the selected rules take their ``cudagraph_options``."""
         if not options.get("triton.cudagraphs"):
             return config
+        unsafe = [r.name for r in REGISTRY.rules() if not r.cudagraph_safe]
         if os.environ.get(CUDAGRAPH_KERNELS_ENV) == "1":
-            self.note_once(f"CUDA graphs: {CUDAGRAPH_KERNELS_ENV}=1 keeps {', '.join(CUDAGRAPH_UNSAFE_RULES)} on (experimental: its op has not run under capture yet)")
+            self.note_once(f"CUDA graphs: {CUDAGRAPH_KERNELS_ENV}=1 keeps {', '.join(unsafe)} on (experimental: its op has not run under capture yet)")
             return config
-        rules = {lv: tuple(r for r in names if r not in CUDAGRAPH_UNSAFE_RULES) for lv, names in config.rules.items()}
-        dropped = sorted({r for names in config.rules.values() for r in names} & set(CUDAGRAPH_UNSAFE_RULES))
+        rules = {lv: tuple(r for r in names if r not in unsafe) for lv, names in config.rules.items()}
+        dropped = sorted({r for names in config.rules.values() for r in names} & set(unsafe))
         options = dict(config.options)
-        for key, off in CUDAGRAPH_UNSAFE_OPTIONS.items():
-            if key[1] in config.rules.get(key[0], ()):
-                options[key] = {**options.get(key, {}), **off}
+        for level, names in rules.items():
+            for name in names:
+                off = REGISTRY.get(name).cudagraph_options.get(level) if name in REGISTRY else None
+                if off:
+                    options[(level, name)] = {**options.get((level, name), {}), **off}
         if dropped:
             self.note_once(f"CUDA graphs: {', '.join(dropped)} off (its Triton op has not run under graph capture yet; {CUDAGRAPH_KERNELS_ENV}=1 keeps it on)")
         return dataclasses.replace(config, rules=rules, options=options)
 
-    def _plan(self, context: "planner_plan.Context") -> None:
-        """Attach this compile's planner (``passes="auto"``) and its choice of rules."""
-        self.config = self._planned_config(context, describe=True)
-
-    def _planned_config(self, context: "planner_plan.Context", describe: bool = False) -> PassConfig:
-        """The base config with a planner for ``context``: its rules and rule options."""
-        planner = planner_plan.Planner(context)
-        rules, notes = planner.configure(dict(self.base_config.rules))
-        if describe:
-            self.note_once(planner.describe())
-        for note in notes:
-            self.note_once(note)
-        return dataclasses.replace(self.base_config, rules=rules, options=planner.rule_options(self.base_config.options), planner=planner)
-
-    def _tuned(self, gm: fx.GraphModule, example_inputs: list[Any], options: dict[str, Any], context: "planner_plan.Context") -> PassConfig | None:
-        """``tune=True``: compile the graph under each of ``TUNE_CANDIDATES``, time each on
-        the real inputs, keep the fastest (cached on disk by the graph's structure, so the
-        next compile of the same graph measures nothing). ``None``: not tunable (said why)."""
-        import copy
-
-        from .planner import decisions, tune
-
-        label = self.next_graph_name("tuned graph")
-        why = tune.why_not_tunable(gm, example_inputs, safety_net.mutates_inputs(gm))
-        if why is None and any(isinstance(x, torch.Tensor) and torch._subclasses.fake_tensor.is_fake(x) for x in example_inputs):
-            why = "the backend was given fake inputs (nothing to time on)"
-        if why is not None:
-            self.report.notes.append(f"planner: {label} not tuned: {why}; the cost model decides")
-            return None
-        untuned = dataclasses.replace(context, tune=False)
-        key = decisions.graph_key(gm, {"context": dataclasses.asdict(untuned), "optimus": source_fingerprint(), "candidates": TUNE_CANDIDATES})
-        cache = decisions.DecisionCache()
-        hit = cache.get(key, set(TUNE_CANDIDATES))
-        if hit is not None:
-            self.report.notes.append(f"planner: {label}: {hit['plan']!r} from the decision cache (measured {_fmt_ms(hit.get('measured_ms', {}))}); nothing re-measured")
-            return self._candidate_config(hit["plan"], untuned)
-        measured: dict[str, float] = {}
-        trial_options = {k: v for k, v in options.items() if k not in TRIAL_OPTIONS_OFF}
-        for candidate in TUNE_CANDIDATES:
-            trial = Session(resolve(candidate))
-            trial_gm = copy.deepcopy(gm)
-            try:
-                with compat.separate_compile_metrics():  # the trial's backward compiles on its first call
-                    fn = trial.compile(trial_gm, example_inputs, trial_options)
-                    measured[candidate] = tune.time_compiled(fn, example_inputs, context.training)
-            except Exception as e:
-                if safety_net.passthrough(e):
-                    raise
-                self.report.notes.append(f"planner: {label}: candidate {candidate!r} could not be timed ({safety_net.brief(e)})")
-        if not measured:
-            self.report.notes.append(f"planner: {label}: no candidate could be timed; the cost model decides")
-            return None
-        best = min(measured, key=measured.__getitem__)
-        cache.put(key, {"plan": best, "measured_ms": {k: round(v, 4) for k, v in measured.items()}, "torch": torch.__version__})
-        self.report.notes.append(f"planner: {label}: measured {_fmt_ms(measured)} -> {best!r}")
-        return self._candidate_config(best, untuned)
-
-    def _candidate_config(self, plan: str, context: "planner_plan.Context") -> PassConfig:
-        if plan == AUTO:
-            return self._planned_config(context)
-        return dataclasses.replace(exclude_rules(resolve(plan), self.base_config.excluded), spec=f"{AUTO}:{plan}")
-
     def _compile(self, gm: fx.GraphModule, example_inputs: list[Any], options: dict[str, Any], user: dict[str, Any], plain: dict[str, Any]) -> Callable[..., Any]:
         if not self.levels():
-            return compat.compile_fx(gm, example_inputs, None, plain)
+            return torch_api.compile_fx(gm, example_inputs, None, plain)
         eager = safety_net.eager_outputs(gm)  # before any rewrite
         record = snapshot(gm.graph)
-        before = compat.cache_hit_counts()
+        before = torch_api.cache_hit_counts()
         ladder: Any = safety_net.GraphLadder(self._attempts(user), self.report, self.next_graph_name)
         mark = len(self.report.graphs)
         piece = distributed.piece_of(gm)  # a DDP bucket, a graph between FSDP hooks, ...
         if piece is not None:
             ladder = distributed.PieceNotes(ladder, self.report, piece.note())
         try:
-            compiled = compat.compile_fx(gm, example_inputs, ladder, {**options, **self.inductor_patches(None, user)})
+            compiled = torch_api.compile_fx(gm, example_inputs, ladder, {**options, **self.inductor_patches(None, user)})
             if piece is not None:
                 distributed.add_note(self.report.graphs[mark:], piece.note())  # the Torch-IR graph
         except Exception as e:
@@ -350,7 +271,7 @@ class Session:
             restore(gm.graph, record)
             gm.recompile()
             safety_net.discard(self.report, self.report.graphs[mark:], f"compiling a graph with Optimus failed ({safety_net.brief(e)}); compiled again without any Optimus pass")
-            compiled = compat.compile_fx(gm, example_inputs, None, plain)
+            compiled = torch_api.compile_fx(gm, example_inputs, None, plain)
         else:
             self._note_cache_hits(before)
         mine = self.report.graphs[mark:]  # the graphs of this compile (a backward may follow)
@@ -359,7 +280,7 @@ class Session:
         def recompile() -> Callable[..., Any]:
             restore(gm.graph, record)
             gm.recompile()
-            return compat.compile_fx(gm, example_inputs, None, plain)
+            return torch_api.compile_fx(gm, example_inputs, None, plain)
 
         def discard(why: str) -> None:
             safety_net.discard(self.report, mine, f"{graph}: {why}")
@@ -367,7 +288,7 @@ class Session:
         return safety_net.OutputGuard(compiled, recompile, eager, self.report.notes.append, not safety_net.mutates_inputs(gm), discard)
 
     def _note_cache_hits(self, before: dict[str, int]) -> None:
-        after = compat.cache_hit_counts()
+        after = torch_api.cache_hit_counts()
         hits = {k: after[k] - before[k] for k in after if after[k] - before[k] > 0}
         if hits:
             self.report.notes.append(
@@ -398,8 +319,10 @@ class LevelPass(UuidKeyed, CustomGraphPass):  # type: ignore[misc]
         return f"{self.level}:{'+'.join(self.levels)}:{self.session.fingerprint()}"
 
 
-def _fmt_ms(measured: dict[str, float]) -> str:
-    return ", ".join(f"{k} {v:.3f} ms" for k, v in measured.items()) or "nothing"
+def _compile_plan(plan: str, gm: fx.GraphModule, example_inputs: list[Any], inductor_options: dict[str, Any]) -> Callable[..., Any]:
+    """``gm`` compiled under the fixed ``plan``, in a session of its own (a trial of the
+    planner's ``tune=True``)."""
+    return Session(resolve(plan)).compile(gm, example_inputs, inductor_options)
 
 
 def _split_options(options: dict[str, Any] | None) -> tuple[Any, bool, dict[str, Any] | None]:
@@ -427,11 +350,11 @@ def make_backend(passes: Any = DEFAULT_PASSES, mode: str | None = None, options:
     if tune and not config.planned:
         raise ValueError(f"tune=True measures the planner's candidate plans: use it with passes='auto' (got passes={config.spec!r})")
     session = Session(config, tune=tune)
-    base = compat.mode_options(mode, options, dynamic)
+    base = torch_api.mode_options(mode, options, dynamic)
 
     def optimus_backend(gm: fx.GraphModule, example_inputs: list[Any], mode: str | None = None, options: dict[str, Any] | None = None) -> Callable[..., Any]:
         _, _, options = _split_options(options)
-        extra = compat.mode_options(mode, options, dynamic)
+        extra = torch_api.mode_options(mode, options, dynamic)
         _remember(session.report)
         return session.compile(gm, example_inputs, {**base, **extra})
 
@@ -466,7 +389,7 @@ def optimus_backend(gm: fx.GraphModule, example_inputs: list[Any], mode: str | N
     if session is None:
         session = _SESSIONS[key] = Session(config, tune=tune)
     _remember(session.report)
-    return session.compile(gm, example_inputs, compat.mode_options(mode, options, None))
+    return session.compile(gm, example_inputs, torch_api.mode_options(mode, options, None))
 
 
 def _remember(report: Report) -> None:
@@ -517,7 +440,7 @@ def compile(model: Any, passes: Any = DEFAULT_PASSES, tune: bool = False, pack_p
     if pack_parameters is None:
         from .packing import pack_by_default
 
-        cudagraphs = bool(compat.mode_options(mode, options, None).get("triton.cudagraphs"))
+        cudagraphs = bool(torch_api.mode_options(mode, options, None).get("triton.cudagraphs"))
         base = session.base_config
         pack_parameters, why = pack_by_default(model, base.planned, cudagraphs, base.rules.get("torch_ir", ()))
         report.notes.append(f"pack_parameters: {why}")
@@ -572,9 +495,7 @@ def optimize(
     report = Report(config.spec)
     report.notes.extend(config.notes)
     if config.planned and config.planner is None:  # a bare graph: its device, not how it will run
-        planner = planner_plan.Planner(planner_plan.Context.of_graph(gm, example_inputs))
-        config = dataclasses.replace(config, planner=planner)
-        report.notes.append(planner.describe())
+        config = planner.plan_graph(config, gm, example_inputs, report)
     _remember(report)
     optimize_graph(gm, level, config, report, "graph 0", view=view, example_inputs=list(example_inputs) if example_inputs else None)
     gm.recompile()

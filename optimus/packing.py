@@ -53,6 +53,7 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from .core.registry import REGISTRY
 from .kernels.packed_linear import packed_slot
 from .kernels.runtime.params import lies_concatenated
 
@@ -349,18 +350,22 @@ NOT_BY_DEFAULT_PLANNED = (
 )
 
 
-# The Torch-IR rules that read packed parameters in place (packed_linear, the parameter-list ops).
-PACKED_READERS = ("batch_linear", "grouped_linear", "batched_layer_norm")
+def packed_readers() -> list[str]:
+    """The Torch-IR rules that read packed parameters in place (the rule trait
+    ``reads_packed_parameters``: ``packed_linear``, the parameter-list ops)."""
+    return [r.name for r in REGISTRY.rules("torch_ir") if r.reads_packed_parameters]
 
 
-def pack_by_default(model: object, planned: bool, cudagraphs: bool, torch_ir_rules: Iterable[str] = PACKED_READERS) -> tuple[bool, str]:
+def pack_by_default(model: object, planned: bool, cudagraphs: bool, torch_ir_rules: Iterable[str] | None = None) -> tuple[bool, str]:
     """``optimus.compile(model)`` without ``pack_parameters=``: pack or not, and why.
-    ``torch_ir_rules``: the Torch-IR rules the compile runs (nothing packs when none of
-    ``PACKED_READERS`` is among them: nothing would read the buffers)."""
+    ``torch_ir_rules``: the Torch-IR rules the compile runs (default: every one); nothing
+    packs when none of them reads packed parameters (``packed_readers``): nothing would read
+    the buffers."""
     if not isinstance(model, nn.Module):
         return False, f"not by default: {type(model).__name__} is not an nn.Module"
-    if not set(PACKED_READERS) & set(torch_ir_rules):
-        return False, f"not by default: none of the rules that read packed parameters runs ({', '.join(PACKED_READERS)})"
+    readers = packed_readers()
+    if torch_ir_rules is not None and not set(readers) & set(torch_ir_rules):
+        return False, f"not by default: none of the rules that read packed parameters runs ({', '.join(readers)})"
     if cudagraphs:
         return False, NOT_BY_DEFAULT_CUDAGRAPHS
     if planned:

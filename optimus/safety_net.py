@@ -36,7 +36,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx as fx
 
-from . import compat
+from . import torch_api
 from .core.snapshot import restore, snapshot
 from .core.passkey import PASS_BASES, UuidKeyed
 
@@ -68,7 +68,7 @@ def user_error(e: BaseException) -> str | None:
 
 def passthrough(e: BaseException) -> bool:
     """Is ``e`` one of Dynamo's control-flow signals (to be re-raised untouched)?"""
-    return isinstance(e, compat.passthrough_exceptions())
+    return isinstance(e, torch_api.passthrough_exceptions())
 
 
 def brief(e: BaseException, limit: int = 240) -> str:
@@ -112,10 +112,10 @@ class HookPass(UuidKeyed, *PASS_BASES):  # type: ignore[misc]
         self.ours = ours
 
     def __call__(self, arg: Any, is_inference: bool | None = None) -> Any:  # type: ignore[override]
-        scheduler = self.hook in compat.SCHEDULER_HOOKS
+        scheduler = self.hook in torch_api.SCHEDULER_HOOKS
         for p in self.user:
             try:
-                if compat.inference_aware(p):
+                if torch_api.inference_aware(p):
                     current = GRAPH_KIND.get() or ""
                     result = p(arg, is_inference=bool(is_inference) if is_inference is not None else current.startswith("inference"))
                 else:
@@ -136,16 +136,16 @@ class HookPass(UuidKeyed, *PASS_BASES):  # type: ignore[misc]
     def uuid(self) -> Any:
         parts = []
         for p in self.user:
-            u = compat.pass_uuid(p)
+            u = torch_api.pass_uuid(p)
             if u is None:
                 return None
             parts.append(str(u))
-        ours = compat.pass_uuid(self.ours) if self.ours is not None else "-"
+        ours = torch_api.pass_uuid(self.ours) if self.ours is not None else "-"
         return f"{self.hook}|user:{','.join(parts)}|optimus:{ours}"
 
     def __reduce__(self) -> tuple[Any, tuple[str]]:
         # torch 2.11 pickles some hooks into its cache key: never pickle as "None"
-        ident = self.uuid() or f"{self.hook}|user-code:{','.join(_code_identity(p) for p in self.user)}|optimus:{compat.pass_uuid(self.ours)}"
+        ident = self.uuid() or f"{self.hook}|user-code:{','.join(_code_identity(p) for p in self.user)}|optimus:{torch_api.pass_uuid(self.ours)}"
         from .core.passkey import _restored_pass
 
         return (_restored_pass, (ident,))
@@ -155,13 +155,13 @@ def hook_patches(user: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
     """Config patches for every hook that has a user pass or an Optimus pass: Optimus's
     pass alone where the user set nothing there, else both chained (``HookPass``)."""
     patches: dict[str, Any] = {}
-    for hook in compat.HOOKS:
+    for hook in torch_api.HOOKS:
         mine = ours.get(hook)
         if mine is None:
             if hook in user:
                 patches[hook] = user[hook]
         elif hook in user:
-            patches[hook] = HookPass(hook, compat.as_pass_list(user[hook]), mine)
+            patches[hook] = HookPass(hook, torch_api.as_pass_list(user[hook]), mine)
         else:
             patches[hook] = mine
     return patches
@@ -192,8 +192,8 @@ class GraphLadder:
             for i, (label, patches) in enumerate(self.attempts):
                 mark = len(self.report.graphs)
                 try:
-                    with compat.patched(patches):
-                        return compat.compile_fx_inner(gm, example_inputs, **kwargs)
+                    with torch_api.patched(patches):
+                        return torch_api.compile_fx_inner(gm, example_inputs, **kwargs)
                 except Exception as e:
                     if i == len(self.attempts) - 1 or passthrough(e) or user_error(e):
                         raise

@@ -1,4 +1,7 @@
-"""The package's import graph: no cycle, and nothing in ``optimus/core`` imports outward.
+"""The package's architecture: its import graph (no cycle; ``optimus/core`` imports nothing
+outside it; nothing below the rules imports a rule; the planner imports no level; the
+library does not import the tools; a kernel family imports only the runtime), and no rule
+named outside its own file.
 
 Every ``import`` / ``from ... import`` statement of every module of the package (and of
 ``kernels/``, installed as ``optimus.kernels``) is read with ``ast``, including the ones
@@ -162,6 +165,42 @@ def test_core_imports_only_core():
     assert not outward, f"optimus/core imports outside itself: {outward}"
 
 
+BELOW_THE_RULES = ("optimus.core", "optimus.torch_ir", "optimus.aten_ir", "optimus.inductor_ir", "optimus.planner")
+
+
+def test_nothing_below_the_rules_imports_a_rule():
+    """The core, the levels and the planner know rules only through the registry and the
+    traits rules declare: facts they share with rules (``core.segments``) live below them."""
+    graph = import_graph()
+    reaching = sorted(
+        (name, target)
+        for name, edges in graph.items()
+        if name.startswith(BELOW_THE_RULES)
+        for target in edges
+        if target == "optimus.rules" or target.startswith("optimus.rules.")
+    )
+    assert not reaching, f"modules below the rules importing a rule module: {reaching}"
+
+
+def test_the_planner_imports_no_level_and_not_the_compile():
+    """The levels' drivers ask the planner (the FX driver through ``core.group.GroupPlanner``,
+    the Inductor-IR driver calls ``ScheduleMemory`` with Inductor's estimates in hand); the
+    compile asks it for a graph's passes. It reads Inductor through no one."""
+    graph = import_graph()
+    levels = ("optimus.torch_ir", "optimus.aten_ir", "optimus.inductor_ir", "optimus.compile")
+    reaching = sorted((n, t) for n, edges in graph.items() if n.startswith("optimus.planner") for t in edges if t.startswith(levels))
+    assert not reaching, f"planner modules importing a level or the compile: {reaching}"
+
+
+def test_the_registry_does_not_import_the_rule_protocol_even_for_types():
+    """``core.rule`` registers rules into ``core.registry``; the registry reads them through
+    its own protocol (``RegisteredRule``), so the two do not import each other in any form."""
+    tree = ast.parse(MODULES["optimus.core.registry"].read_text())
+    every = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]  # TYPE_CHECKING ones too
+    targets = {t for node in every for t in _targets("optimus.core.registry", node)}
+    assert "optimus.core.rule" not in targets and "optimus.core.registry" in import_graph()["optimus.core.rule"]
+
+
 def test_fixpoint_and_numeric_check_do_not_import_each_other():
     graph = import_graph()
     assert "optimus.core.numeric" not in graph["optimus.core.driver"]
@@ -247,3 +286,57 @@ def test_kernel_family_rule_catches_a_cross_family_import():
     assert "optimus.kernels.layer_norm.reference" in targets
     assert _kernel_family("optimus.kernels.layer_norm.reference") == "layer_norm"
     assert _kernel_family("optimus.kernels.runtime.plans") is None
+
+
+# ----------------------------------------------------------------- rules named elsewhere
+#: Modules outside ``optimus/rules/`` that may hold a string equal to a registered rule's
+#: name, and why. ``None``: any rule name; else only the names listed.
+RULE_NAMES_ALLOWED: dict[str, tuple[frozenset[str] | None, str]] = {
+    "optimus/core/upstream_names.py": (None, "the table of upstream PyTorch's pass names and the Optimus rules doing each one's "
+                                             "job, an alias table (tests/core/test_upstream_names.py checks every name is a rule "
+                                             "running at its level)"),
+    "optimus/tools/gpu_check.py": (None, "a tool: it selects rules by name, as a user does"),
+    "optimus/tools/scale.py": (None, "a tool: it reads a rule's count from the report, as a user does"),
+    "optimus/tools/fuzz/shrink.py": (None, "a tool: the fuzzer's shrinker names the rewrite it does not count as a finding"),
+    "optimus/bench/kernels/grouped.py": (frozenset({"grouped_linear", "batched_layer_norm"}), "kernel names (a rule is named after the kernel it emits)"),
+    "optimus/bench/kernels/overhead.py": (frozenset({"grouped_mm"}), "a route of the grouped-linear kernel (torch's grouped_mm)"),
+}
+
+
+def _rule_name_literals() -> dict[str, set[str]]:
+    """Per module outside ``optimus/rules/``, the string constants equal to a registered
+    rule's name (docstrings and prose never equal one)."""
+    from optimus.core.registry import REGISTRY
+
+    names = set(REGISTRY.names())
+    found: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "optimus").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith("optimus/rules/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=rel)):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
+                found.setdefault(rel, set()).add(node.value)
+    return found
+
+
+def test_no_module_names_a_rule_but_its_own_file():
+    """Policy lives on the rule (its traits, read through the registry), never in a list of
+    names elsewhere: renaming a rule cannot silently lose it. The allowed exceptions are
+    listed above with their reasons; an entry no longer needed is an error too."""
+    found = _rule_name_literals()
+    bad = {}
+    for rel, names in found.items():
+        allowed, _ = RULE_NAMES_ALLOWED.get(rel, (frozenset(), ""))
+        extra = set() if allowed is None else names - allowed
+        if extra:
+            bad[rel] = sorted(extra)
+    assert not bad, f"modules naming rules outside their own file (declare a trait on the rule instead): {bad}"
+    stale = sorted(set(RULE_NAMES_ALLOWED) - set(found))
+    assert not stale, f"allow-list entries no longer needed: {stale}"
+
+
+def test_the_rule_name_check_finds_a_name():
+    tree = ast.parse('POLICY = ("batch_linear",)\n"""batch_linear stacks."""\n')
+    consts = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)]
+    assert "batch_linear" in consts and "batch_linear stacks." in consts

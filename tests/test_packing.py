@@ -753,7 +753,7 @@ def test_default_compile_on_the_gpu_packs_without_cuda_graphs_only(mode):
 @pytest.mark.parametrize("mode", [None, "reduce-overhead"])
 def test_packed_model_on_the_gpu_with_and_without_cuda_graphs(mode):
     """The view path on CUDA; under CUDA graphs, where ``batch_linear`` stacks packed weights
-    (``compile.CUDAGRAPH_UNSAFE_OPTIONS``), the packed model trains as eager does.
+    (its ``cudagraph_options``), the packed model trains as eager does.
 
     Under CUDA graphs each step starts with ``cudagraph_mark_step_begin`` and the gradients are
     compared and dropped per step: a replay reuses the graph's memory, so a gradient kept from
@@ -774,7 +774,7 @@ def test_packed_model_on_the_gpu_with_and_without_cuda_graphs(mode):
         for (n, p), q in zip(model.named_parameters(), ref.parameters()):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=n)
             p.grad = q.grad = None
-    # under CUDA graphs batch_linear stacks packed weights (CUDAGRAPH_UNSAFE_OPTIONS), unless
+    # under CUDA graphs batch_linear stacks packed weights (its cudagraph_options), unless
     # OPTIMUS_CUDAGRAPH_KERNELS=1 keeps packed_linear on to run it under capture
     if mode is None or os.environ.get(CUDAGRAPH_KERNELS_ENV) == "1":
         assert stats["weight_view"] > before and stats["weight_stack"] == stacked_before

@@ -241,9 +241,9 @@ def tf32_mode(enabled: bool) -> Iterator[None]:
     Dynamo guards on the matmul flag: a function compiled under one setting recompiles
     when called under the other.
     """
-    from .. import compat
+    from .. import torch_api
 
-    with compat.tf32(enabled, cudnn=True):
+    with torch_api.tf32(enabled, cudnn=True):
         yield
 
 

@@ -4,7 +4,7 @@ For one graph at one level (Torch-IR or Aten-IR; the Inductor-IR driver is
 ``optimus.inductor_ir.passes``):
 
 1. A worklist holds every node (in graph order). For a node, the rules anchored at its
-   canonical op are tried in priority order; the first that rewrites wins.
+   canonical op are tried in their stage order; the first that rewrites wins.
 2. A rewrite is a transaction: the rule's pattern matches, the driver refuses regions
    that touch tensors mutated in place, the rule's conditions run, the replacement emits
    new nodes through a ``Builder``; then ``transaction.Surgery`` validates (shapes and
@@ -31,7 +31,7 @@ from typing import Any, Iterable
 
 import torch.fx as fx
 
-from .group import Group, GroupPlanner, GroupRule, classify_all, find_groups
+from .group import Cut, Group, GroupPlanner, GroupRule, classify_all, find_groups
 from .report import GraphReport, RuleStats
 from .rule import Builder, Decline, PatternRule, Rule
 from .safety import AliasAnalysis
@@ -45,7 +45,7 @@ DEAD_CODE = "dead_code_elimination"
 _FAILED = object()  # a group rule's key raised on a node
 
 
-class Driver:
+class FxDriver:
     def __init__(
         self,
         view: GraphView,
@@ -149,10 +149,12 @@ class Driver:
             if reason is not None:
                 raise Decline(reason)
             if self.planner is not None:
-                group = self._smallest_first(rule, group)
-                sized = self.planner.chunk(self.view, group.nodes, group.options["min_group"], rule.copied_operands(group), rule.custom_op)
-                if sized is not None:
-                    return self._try_chunks(rule, group, stats, *sized)
+                order = self.planner.order(self.view, group.nodes)
+                if order != list(range(len(group.members))):
+                    group = Group(rule, [group.members[i] for i in order], group.key, self.view, group.options)
+                cut = self.planner.chunk(self.view, group.nodes, group.options["min_group"], rule.copied_operands(group), rule.custom_op)
+                if cut is not None:
+                    return self._try_parts(rule, group, stats, cut)
             builder = Builder(self.view, anchor)
             pairs = self.surgery.pairs(rule.replace(group, builder), anchor)
             checked = self.surgery.validate(pairs, builder, group=True)
@@ -178,46 +180,18 @@ class Driver:
         finally:
             stats.time_s += time.perf_counter() - t0
 
-    def _try_chunks(self, rule: GroupRule, group: Group, stats: RuleStats, size: int, why: str) -> bool:
-        """The planner cut ``group`` for memory: try its chunks of ``size``, in the order of its members."""
-        members = group.members
-        if size < max(2, group.options["min_group"]):
+    def _try_parts(self, rule: GroupRule, group: Group, stats: RuleStats, cut: Cut) -> bool:
+        """The planner cut ``group``: try each of its parts as a group of its own (cut again
+        if it must be), or decline every member when none fits."""
+        if cut.declined:
             for n in group.nodes:
-                stats.decline(n.name, f"{why}; no smaller group fits")
+                stats.decline(n.name, cut.declined)
             return False
-        if len({group.nbytes(c.node) for c in members}) > 1:
-            # results of different sizes (smallest first): the first chunk that fits, then
-            # the rest as a group of its own (cut again if it must be)
-            self.report.notes.append(f"{rule.name}: group of {len(members)} at {members[-1].node.name} cut after its {size} smallest ({why})")
-            first = self._try_group(rule, Group(rule, members[:size], group.key, self.view, group.options), stats)
-            rest = members[size:]
-            if len(rest) < max(2, group.options["min_group"]):
-                return first
-            return self._try_group(rule, Group(rule, rest, group.key, self.view, group.options), stats) or first
-        size = -(-len(members) // -(-len(members) // size))  # balanced: 8 at most 5 -> 4 + 4
-        self.report.notes.append(f"{rule.name}: group of {len(members)} at {members[-1].node.name} cut into groups of {size} ({why})")
+        self.report.notes.append(f"{rule.name}: {cut.note}")
         fused = False
-        for start in range(0, len(members), size):
-            part = members[start : start + size]
-            if len(part) < max(2, group.options["min_group"]):
-                continue
-            fused |= self._try_group(rule, Group(rule, part, group.key, self.view, group.options), stats)
+        for part in cut.parts:
+            fused |= self._try_group(rule, Group(rule, [group.members[i] for i in part], group.key, self.view, group.options), stats)
         return fused
-
-    def _smallest_first(self, rule: GroupRule, group: Group) -> Group:
-        """``group`` with its members ordered by the bytes of their results, smallest first
-        (stable: equal shapes keep graph order), when they all read one input. Members are
-        independent, so any chunk of them is legal; the planner's chunks are prefixes, so the
-        members that raise memory least are cut together (a shared input's narrow gates, not
-        its wide projections). Members reading different inputs keep graph order: their
-        inputs may be consecutive parts of one tensor, which a reordered stack would copy."""
-        firsts = [c.node.all_input_nodes[0] if c.node.all_input_nodes else None for c in group.members]
-        if firsts[0] is None or any(f is not firsts[0] for f in firsts):
-            return group
-        ordered = sorted(group.members, key=lambda c: group.nbytes(c.node))
-        if all(a is b for a, b in zip(ordered, group.members)):
-            return group
-        return Group(rule, ordered, group.key, self.view, group.options)
 
     def _fixpoint(self) -> None:
         while self._queue:

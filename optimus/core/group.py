@@ -85,14 +85,16 @@ class GroupRule(Rule):
     graph; conditions and the replacement receive a ``Group``; the replacement returns
     ``{member node: its replacement}``.
 
-    Driver options (read by ``find_groups``): ``min_group`` (smaller groups are left alone),
-    ``max_group`` (groups hold at most this many) and ``max_span`` (a group's members lie
-    within this many nodes of its first member, in graph order).
+    The options every group rule has, read by ``find_groups`` (``CLASS_OPTIONS``):
+    ``min_group`` (smaller groups are left alone), ``max_group`` (groups hold at most this
+    many) and ``max_span`` (a group's members lie within this many nodes of its first
+    member, in graph order).
     """
 
     anchors: tuple[str, ...]  # type: ignore[assignment]
     key: Callable[[Call, GraphView], Hashable | None]
     kind: str = "horizontal"
+    stage: str = "batch_elementwise"
     #: ``copies(group)``: the member operands the replacement copies into new buffers each
     #: step (stacks, packs, concatenations), one list per operand with a value per member;
     #: the planner's memory estimate counts their bytes. Without it the planner assumes
@@ -103,7 +105,7 @@ class GroupRule(Rule):
     #: group's backward over everything saved (``Liveness.with_group``'s ``opaque_backward``)
     custom_op: bool = False
 
-    KNOBS: ClassVar[Mapping[str, Any]] = {"min_group": 2, "max_group": 256, "max_span": MAX_SPAN}
+    CLASS_OPTIONS: ClassVar[Mapping[str, Any]] = {"min_group": 2, "max_group": 256, "max_span": MAX_SPAN}
 
     def __post_init__(self) -> None:
         self.anchors = (self.anchors,) if isinstance(self.anchors, str) else tuple(self.anchors)
@@ -124,6 +126,17 @@ class GroupRule(Rule):
         return super().decline_reason(match)
 
 
+@dataclasses.dataclass(frozen=True)
+class Cut:
+    """A group a planner cut: the chunks to try, each a group of its own (positions in the
+    group's members), and the note saying why; or, when no chunk fits, ``declined``: the
+    reason every member is declined with."""
+
+    parts: tuple[tuple[int, ...], ...] = ()
+    note: str = ""
+    declined: str = ""
+
+
 class GroupPlanner(Protocol):
     """What the FX driver asks about horizontal groups when a planner is attached
     (``passes="auto"``; the implementation is ``optimus.planner.plan.Planner``)."""
@@ -131,8 +144,11 @@ class GroupPlanner(Protocol):
     def round_started(self, view: GraphView, report: Any) -> None:
         """A round of group rules starts on ``view``'s graph as it is now."""
 
-    def chunk(self, view: GraphView, members: list[fx.Node], min_group: int, copies: list[list[Any]] | None = None, custom_op: bool = False) -> tuple[int, str] | None:
-        """``None`` if the group may run whole; else the members per chunk (0: none) and why.
+    def order(self, view: GraphView, members: list[fx.Node]) -> list[int]:
+        """The order the group's members are stacked (and cut) in, as positions."""
+
+    def chunk(self, view: GraphView, members: list[fx.Node], min_group: int, copies: list[list[Any]] | None = None, custom_op: bool = False) -> Cut | None:
+        """``None`` if the group may run whole; else how it is cut (``Cut``).
         ``copies``: what the replacement copies (``GroupRule.copied_operands``);
         ``custom_op``: ``GroupRule.custom_op``."""
 
@@ -148,8 +164,8 @@ group_rule = rule_decorator(
     "anchors",
     fixed={"kind": "horizontal"},
     name="group_rule",
-    doc="""``@group_rule(anchor_ops, key=..., where=[...], levels=..., priority=..., options=...,
-    knobs={"min_group": ..., "max_group": ...})``: the group replacement
+    doc="""``@group_rule(anchor_ops, key=..., where=[...], levels=..., stage=...,
+    options={"min_group": ..., "max_group": ..., ...})``: the group replacement
     ``fn(g, b)`` becomes a registered horizontal ``GroupRule`` (see ``rule.rule_decorator``).""",
 )
 

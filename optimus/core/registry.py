@@ -39,15 +39,32 @@ import dataclasses
 import difflib
 import hashlib
 import json
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable, Protocol
 
 from . import upstream_names
 from .levels import LEVELS
 
-if TYPE_CHECKING:
-    from .rule import Rule
-
 KINDS: tuple[str, ...] = ("canonicalize", "vertical", "horizontal")
+
+#: The stages of a level, in the order their rules run; a rule names its stage
+#: (``stage=``). Within a stage, rules run in the order they were registered: the built-in
+#: families in the order ``optimus/rules/__init__.py`` imports them, each module's rules in
+#: the order it defines them, then rules registered later (a user's). The FX driver tries
+#: the pattern rules at one anchor op in this order (the first that rewrites wins) and runs
+#: the group rules of a round in it; the Inductor-IR driver runs a hook's rules in it.
+STAGES: dict[str, str] = {
+    "canonicalize": "respell an op in the canonical form the other rules match",
+    "remove": "delete an op that does nothing (a one-section split, an identity view, an inactive dropout)",
+    "fold": "fold a producer and its consumer into fewer ops: inverse pairs cancel, chains become one op, "
+            "parts of one tensor put back together become that tensor or a view of it",
+    "convert": "turn an op into a form that is cheaper or lays its result out better, once the folds are done",
+    "move": "move elementwise work across a split or a cat, where the folds then remove more",
+    "batch_lookups": "batch independent embedding lookups",
+    "batch_matmuls": "batch independent linears and matmuls",
+    "batch_norms": "batch independent normalizations",
+    "batch_elementwise": "batch independent elementwise ops",
+    "fuse_kernels": "Inductor-IR: scheduler nodes become one kernel or one launch",
+}
 PRESETS: dict[str, tuple[str, ...]] = {
     "none": (),
     "vertical": ("canonicalize", "vertical"),
@@ -77,13 +94,30 @@ class DriverOptions:
             raise ValueError(f"options.lint must be 'end' or 'each', got {self.lint!r}")
 
 
+class RegisteredRule(Protocol):
+    """What the registry reads of a rule (``core.rule.Rule`` is the implementation; the
+    registry does not import it, the rules import the registry)."""
+
+    name: str
+    kind: str
+    stage: str
+    levels: tuple[str, ...]
+    default: bool
+
+    def fingerprint(self) -> str: ...
+
+    def option_defaults(self) -> dict[str, Any]: ...
+
+    def check_setting(self, name: str, value: Any) -> None: ...
+
+
 class Registry:
     def __init__(self) -> None:
-        self._rules: dict[str, Rule] = {}
+        self._rules: dict[str, RegisteredRule] = {}
         self._order: dict[str, int] = {}
         self._version = 0
 
-    def add(self, rule: Rule, replace: bool = False) -> Rule:
+    def add(self, rule: RegisteredRule, replace: bool = False) -> RegisteredRule:
         if rule.name in self._rules and not replace and self._rules[rule.name] is not rule:
             old = self._rules[rule.name]
             if old.fingerprint() != rule.fingerprint():
@@ -102,32 +136,33 @@ class Registry:
         self._rules.pop(name, None)
         self._version += 1
 
-    def get(self, name: str) -> Rule:
+    def get(self, name: str) -> RegisteredRule:
         return self._rules[name]
 
     def __contains__(self, name: str) -> bool:
         return name in self._rules
 
-    def rules(self, level: str | None = None, kinds: Iterable[str] | None = None, defaults_only: bool = False) -> list[Rule]:
+    def rules(self, level: str | None = None, kinds: Iterable[str] | None = None, defaults_only: bool = False) -> list[RegisteredRule]:
         kinds = tuple(kinds) if kinds is not None else KINDS
         found = [
             r
             for r in self._rules.values()
             if (level is None or level in r.levels) and r.kind in kinds and (r.default or not defaults_only)
         ]
-        return sorted(found, key=lambda r: (r.priority, self._order[r.name]))
+        return sorted(found, key=lambda r: (_STAGE_RANK[r.stage], self._order[r.name]))
 
     def names(self) -> list[str]:
         return sorted(self._rules)
 
 
 REGISTRY = Registry()
+_STAGE_RANK = {stage: i for i, stage in enumerate(STAGES)}
 _RESERVED = set(PRESETS) | set(LEVELS) | {"options"}
 
 
 @dataclasses.dataclass(frozen=True)
 class PassConfig:
-    """Resolved selection: level -> rule names in priority order, and per-rule options."""
+    """Resolved selection: level -> rule names in the order they run, and per-rule options."""
 
     rules: dict[str, tuple[str, ...]]
     options: dict[tuple[str, str], dict[str, Any]]  # (level, rule) -> options
@@ -146,11 +181,11 @@ class PassConfig:
         """Chosen by the planner (``passes="auto"``, also with ``-name`` exclusions)."""
         return self.spec == AUTO or _auto_with_exclusions(self.spec)
 
-    def rules_for(self, level: str) -> list[Rule]:
+    def rules_for(self, level: str) -> list[RegisteredRule]:
         return [REGISTRY.get(n) for n in self.rules.get(level, ()) if n in REGISTRY]
 
-    def options_for(self, level: str, rule: Rule) -> dict[str, Any]:
-        """The rule's settings at ``level``: its options and knobs, then what the user set."""
+    def options_for(self, level: str, rule: RegisteredRule) -> dict[str, Any]:
+        """The rule's options at ``level``: its defaults, then what the user set."""
         merged = rule.option_defaults()
         merged.update(self.options.get((level, rule.name), {}))
         return merged
@@ -267,8 +302,8 @@ def _select_names(names: list[str], levels: Iterable[str], selected: dict[str, l
                                       also=tuple(upstream_names.UPSTREAM_PASSES)))
 
 
-def _check_options(rule: Rule, given: dict[str, Any]) -> None:
-    settable = rule.option_defaults()  # the rule's options and its driver's knobs
+def _check_options(rule: RegisteredRule, given: dict[str, Any]) -> None:
+    settable = rule.option_defaults()  # its own options and the ones its class has
     unknown = [k for k in given if k not in settable]
     if unknown:
         valid = sorted(settable) or "none"

@@ -1,7 +1,7 @@
 """Rules: one protocol for every level (Torch-IR, Aten-IR, Inductor-IR).
 
 Every rule is a ``Rule``: a name, a kind (``canonicalize``, ``vertical``, ``horizontal``),
-the levels it runs at, its anchor ops, a priority, options, conditions, a replacement
+the levels it runs at, its anchor ops, its stage, options, conditions, a replacement
 (``replace(m, b)``), a docstring and a fingerprint. Three kinds of rule share it:
 
 ==================  =====================  ====================================  =========================
@@ -35,19 +35,23 @@ runs first, on the anchor alone (``m.anchor``, ``m.view``, the helpers, the root
 ``.bind`` capture), to turn nodes away before the rest of the pattern is matched;
 conditions run after the whole match and see every capture.
 
-**Priority**: lower runs first (``0`` canonicalizes before everything). It is the rule's
-place in one catalogue, the order ``optimus rules`` lists and the driver tries rules at
-an anchor; MLIR's *benefit* runs the other way (higher first), but there it weighs
-patterns competing for one root, while here the order is global and documented
-(``tests/core/test_registry.py`` checks it ascends), so the numbers were kept.
+**Order**: a rule names its **stage** (``stage="fold"``; ``registry.STAGES`` lists them,
+in the order they run, each with what its rules do): canonical forms first, then removals,
+folds, conversions, moves, and the group rules by what they batch. Within a stage, rules
+run in the order they were registered: the built-in families in the order
+``optimus/rules/__init__.py`` imports them, each module's rules in the order it defines
+them. Only rules that can meet compare: the FX driver tries the pattern rules anchored at
+one op in that order (the first that rewrites wins), and a round runs the group rules in
+it, as tinygrad's rule lists and MLIR's per-root benefit order what competes, with no
+numbers shared across files (``tests/core/test_rule_order.py`` holds the order per anchor).
 
-**Options** are the rule's own settings, read by its conditions and replacement as
-``m.options[...]``. **Knobs** are the per-rule settings the level's *driver* reads for a
-kind of rule (``GroupRule.KNOBS``: ``min_group``, ``max_group``; a fusion rule's depend on
-its pairing: ``max_attempts``, ``max_rounds``, ...): declared by the rule class with their
-defaults, set per rule with ``knobs={...}``, read by the driver. Users set both
-per rule in the same way (``passes={"torch_ir": {"batch_linear": {"min_group": 4}}}``);
-the driver's global options (``passes={"options": {...}}``, ``DriverOptions``) are
+**Options** are a rule's settings, with their defaults (``options={...}``): the ones its
+conditions and replacement read (``m.options[...]``), and the ones every rule of its class
+has, which its driver reads (``CLASS_OPTIONS``: a group rule's ``min_group``,
+``max_group``, ``max_span``; a fusion rule's depend on its pairing: ``max_attempts``,
+``max_rounds``, ...); a rule changes such a default in its own ``options=``. Users set any
+of them per rule in the same way (``passes={"torch_ir": {"batch_linear": {"min_group":
+4}}}``). The driver options (``passes={"options": {...}}``, ``DriverOptions``) are
 something else: how the driver runs, for every rule.
 
 The replacement never edits the graph itself: the level's driver owns surgery,
@@ -65,7 +69,7 @@ import torch.fx as fx
 
 from .levels import LEVELS
 from .pattern import MatchState, Op, Pattern
-from .registry import KINDS, REGISTRY
+from .registry import KINDS, REGISTRY, STAGES
 from .view import GraphView, getitem_users
 from .vocab import DEFAULTS, SCHEMAS, Call, ParamRef
 
@@ -78,6 +82,7 @@ __all__ = [
     "Match",
     "PatternRule",
     "Rule",
+    "STAGES",
     "condition_reason",
     "met",
     "rule",
@@ -100,7 +105,7 @@ class Match:
 
     Captures read as attributes (``m.x`` for ``Var("x")``); ``m.anchor`` is the anchor's
     ``Call``, ``m.view`` the graph view, ``m.options`` the rule's settings (its options and
-    knobs, with what the user set). ``Group`` and ``FusionMatch`` are the matches of
+    its class's, with what the user set). ``Group`` and ``FusionMatch`` are the matches of
     group and fusion rules.
     """
 
@@ -303,19 +308,34 @@ class Rule:
     replace: Callable[..., Any]
     kind: str = "vertical"
     levels: tuple[str, ...] = ("torch_ir", "aten_ir")
-    priority: int = 100  # lower runs first
+    stage: str = "fold"  # where it runs among the level's rules (``registry.STAGES``)
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    knobs: dict[str, Any] = dataclasses.field(default_factory=dict)
     conditions: tuple[Condition, ...] = ()
     doc: str = ""
     default: bool = True  # part of presets and level selections (else only when named)
+
+    # Traits: what the compile, the packing and the planner need to know of a rule, declared
+    # where it is defined and read through the registry (never by the rule's name).
+    #: Its replacement runs under CUDA graph capture. ``False``: left out of compiles under
+    #: CUDA graphs (``mode="reduce-overhead"``), said in the report; the environment variable
+    #: ``OPTIMUS_CUDAGRAPH_KERNELS=1`` keeps it, to try it there.
+    cudagraph_safe: bool = True
+    #: Options it takes under CUDA graphs, per level (``{"torch_ir": {"option": value}}``),
+    #: over what the user set: a variant that is correct under capture but does not pay there.
+    cudagraph_options: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    #: It reads parameters that ``optimus.pack_parameters`` laid out in one buffer in place
+    #: (instead of stacking them): packing by default pays only where such a rule runs.
+    reads_packed_parameters: bool = False
+    #: Its only gain is fewer kernel launches: under CUDA graphs a replay launches every
+    #: kernel from the device, so the planner (``passes="auto"``) leaves it out there.
+    saves_only_launches: bool = False
 
     #: Allowed ranges of this rule's numeric settings, ``{name: (lowest, highest)}``
     #: (``None``: unbounded), where the naming convention (``setting_range``) does not fit.
     ranges: dict[str, tuple[Any, Any]] = dataclasses.field(default_factory=dict)
 
-    #: The per-rule settings the level's driver reads for this kind of rule, with defaults.
-    KNOBS: ClassVar[Mapping[str, Any]] = {}
+    #: The options every rule of this class has, read by its driver, with their defaults.
+    CLASS_OPTIONS: ClassVar[Mapping[str, Any]] = {}
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "Rule":
         if cls is Rule:
@@ -327,40 +347,43 @@ class Rule:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"rule {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
+        if self.stage not in STAGES:
+            raise ValueError(f"rule {self.name!r}: stage must be one of {tuple(STAGES)}, got {self.stage!r}")
         self.levels = tuple(self.levels)
         bad = [lv for lv in self.levels if lv not in LEVELS]
         if bad:
             raise ValueError(f"rule {self.name!r}: unknown levels {bad}; valid: {LEVELS}")
         self.conditions = tuple(self.conditions)
-        self.options = dict(self.options or {})
-        knobs = self.knob_defaults()
-        given = dict(self.knobs or {})
-        unknown = sorted(set(given) - set(knobs))
-        if unknown:
-            raise ValueError(
-                f"rule {self.name!r}: {unknown} are not knobs its driver reads; "
-                f"knobs of this rule: {sorted(knobs) or 'none'} (its own options go in options=)"
-            )
-        clash = sorted(set(self.options) & set(knobs))
-        if clash:
-            raise ValueError(f"rule {self.name!r}: {clash} are knobs of its driver; pass them as knobs=")
-        self.knobs = {**knobs, **given}
+        self.options = {**self.class_options(), **dict(self.options or {})}
         for name, value in self.option_defaults().items():
             self.check_setting(name, value)  # a rule's own defaults obey its ranges
+        self.cudagraph_options = {lv: dict(opts) for lv, opts in (self.cudagraph_options or {}).items()}
+        for level, opts in self.cudagraph_options.items():
+            if level not in self.levels:
+                raise ValueError(f"rule {self.name!r}: cudagraph_options for {level!r}, where it does not run (it runs at {', '.join(self.levels)})")
+            for name, value in opts.items():
+                self.check_setting(name, value)
+
+    @property
+    def memory_bounded(self) -> bool:
+        """Its driver bounds the peak memory of what it merges by its ``memory_increase``
+        option (``None``: unbounded); the planner (``passes="auto"``) sets it."""
+        return "memory_increase" in self.option_defaults()
 
     # ``anchors``: defined by each kind of rule (a property of the pattern, or a field).
 
-    def knob_defaults(self) -> dict[str, Any]:
-        """The knobs the level's driver reads for this rule, with their defaults."""
-        return dict(self.KNOBS)
+    def class_options(self) -> dict[str, Any]:
+        """The options the level's driver reads for every rule of this class, with their
+        defaults (``CLASS_OPTIONS``)."""
+        return dict(self.CLASS_OPTIONS)
 
     def option_defaults(self) -> dict[str, Any]:
-        """Every setting a user may give this rule (its options and its knobs), with defaults."""
-        return {**self.knobs, **self.options}
+        """Every option a user may give this rule, with its defaults."""
+        return dict(self.options)
 
     def check_setting(self, name: str, value: Any) -> None:
         """Raise (``TypeError`` / ``ValueError`` naming the rule, the setting and what it
-        accepts) unless ``value`` fits the setting ``name`` (an option or a knob)."""
+        accepts) unless ``value`` fits the option ``name``."""
         settable = self.option_defaults()
         if name not in settable:
             raise ValueError(f"rule {self.name!r} has no option {name!r}; valid options: {sorted(settable) or 'none'}")
@@ -397,7 +420,7 @@ class Rule:
         """Changes whenever the rule's code (replacement, conditions, filters, keys),
         what it matches, or its default options change."""
         h = hashlib.sha256()
-        h.update(f"{type(self).__name__}:{self.name}:{self.kind}:{self.priority}".encode())
+        h.update(f"{type(self).__name__}:{self.name}:{self.kind}:{self.stage}".encode())
         h.update(self.structure().encode())
         h.update(repr(sorted(self.option_defaults().items())).encode())
         for fn in self.code():
@@ -417,7 +440,7 @@ class Rule:
 class PatternRule(Rule):
     """A local rule: a pattern tree over the vocabulary whose root op is the anchor.
 
-    The FX driver tries it on nodes of the anchor op, in priority order; the match is a
+    The FX driver tries it on nodes of the anchor op, in stage order; the match is a
     ``Match``, the builder a ``Builder``, the result the node replacing the anchor or an
     ``{old: new}`` dict.
     """
@@ -499,7 +522,7 @@ def rule_decorator(cls: type[Rule], subject: str, *, fixed: Mapping[str, Any] | 
     ``what`` (the pattern, or a group rule's anchor ops) becomes the field ``subject``;
     ``where`` the conditions; ``name`` defaults to the function's name and ``doc`` to its
     docstring; every other keyword is a field of ``cls`` (``kind``, ``levels``,
-    ``priority``, ``options``, ``knobs``, ``default``, and the kind's own).
+    ``stage``, ``options``, ``default``, the traits, and the kind's own).
     ``fixed`` are fields the kind sets itself. The rule joins the registry at once
     (``register=False`` to build it only): every later ``optimus.compile`` whose passes
     include its kind and level uses it, and the compile-cache key changes with it.
@@ -510,6 +533,14 @@ def rule_decorator(cls: type[Rule], subject: str, *, fixed: Mapping[str, Any] | 
         clash = sorted(set(fields) & set(fixed))
         if clash:
             raise TypeError(f"{decorator.__name__}() sets {', '.join(clash)} itself")
+        if "priority" in fields:
+            raise TypeError(
+                f"{decorator.__name__}() takes no priority: a rule names its stage (stage=, one of "
+                f"{', '.join(STAGES)}) and runs after the rules registered before it in that stage"
+            )
+        if "knobs" in fields:
+            raise TypeError(f"{decorator.__name__}() takes no knobs: every setting of a rule is an option (options=), "
+                            f"including the ones its driver reads ({cls.__name__}.CLASS_OPTIONS)")
 
         def wrap(fn: Callable[..., Any]) -> Any:
             r = cls(name=name or fn.__name__, replace=fn, conditions=tuple(where), doc=inspect.getdoc(fn) or "", **{subject: what}, **fixed, **fields)
@@ -528,6 +559,6 @@ rule = rule_decorator(
     PatternRule,
     "pattern",
     name="rule",
-    doc="""``@rule(pattern, where=[...], kind=..., levels=..., priority=..., options=...)``:
+    doc="""``@rule(pattern, where=[...], kind=..., levels=..., stage=..., options=...)``:
     the replacement ``fn(m, b)`` becomes a registered ``PatternRule`` (see ``rule_decorator``).""",
 )

@@ -1,7 +1,7 @@
 """The level runner: one FX level's rules on one graph, with rollback and the numeric check.
 
 ``optimize_graph`` is what ``optimus.compile`` calls from Inductor's hooks (and
-``optimus.optimize`` on a bare graph). Around the fixpoint loop (``driver.Driver``) it
+``optimus.optimize`` on a bare graph). Around the fixpoint loop (``driver.FxDriver``) it
 
 1. records the graph (``snapshot``) before any rewrite;
 2. runs the driver; if the driver itself fails or the final ``graph.lint()`` does, the
@@ -24,7 +24,7 @@ from typing import Any, Iterator
 import torch.fx as fx
 
 from . import logs
-from .driver import Driver
+from .driver import FxDriver
 from .levels import make_view
 from .numeric import NUMERIC_SKIPPED, find_culprit
 from .registry import PassConfig
@@ -83,7 +83,7 @@ def _replay(level: str, rules: list[tuple[Rule, dict[str, Any]]], planner: Any =
     """The numeric check's replay: the same driver on a fresh copy, with a rewrite budget."""
 
     def replay(trial: fx.GraphModule, max_rewrites: int | None) -> list[str]:
-        driver = Driver(make_view(level, trial), rules, GraphReport(level, "bisect"), max_rewrites, planner=planner)
+        driver = FxDriver(make_view(level, trial), rules, GraphReport(level, "bisect"), max_rewrites, planner=planner)
         driver.run()
         return driver.applied
 
@@ -103,7 +103,7 @@ def _run_with_rollback(gm: fx.GraphModule, view: GraphView, rules: list[tuple[Ru
     disabled: set[str] = set()
     for _attempt in range(MAX_ATTEMPTS):
         active = [(r, o) for r, o in rules if r.name not in disabled]
-        driver = Driver(view, active, gr, config.driver.max_rewrites, config.driver.lint == "each", config.planner)
+        driver = FxDriver(view, active, gr, config.driver.max_rewrites, config.driver.lint == "each", config.planner)
         try:
             with refusing_new_guards(_shape_env(view)):
                 driver.run()

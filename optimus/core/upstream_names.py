@@ -180,7 +180,7 @@ def translate_options(owner: str, rules: tuple[str, ...], given: dict[str, Any],
 
     Renamed options go to the rules that have them; ignored ones add a note; an
     option none of the rules has is a ``ValueError`` listing what is understood. A rule
-    "has" its own options and its driver's knobs (``min_group`` is a group rule's knob).
+    "has" its own options and the ones its class has (``min_group``: every group rule's).
     """
     per_rule: dict[str, dict[str, Any]] = {r: {} for r in rules}
     for key, value in given.items():

@@ -36,9 +36,9 @@ def scheduler_patches(session: Any) -> dict[str, Any]:
     Empty (with a report note) when this torch has no scheduler hooks; Optimus's other
     levels still run.
     """
-    from . import compat
+    from . import inductor_api
 
-    ok, why = compat.hooks_supported()
+    ok, why = inductor_api.hooks_supported()
     if not ok:
         note = f"inductor_ir: unsupported on this torch ({why}); Inductor-IR rules did not run"
         if note not in session.report.notes:

@@ -8,7 +8,7 @@ does:
   buffer is inside it (``Kernel.remove_kernel_local_buffers``; in a combo kernel, per
   sub-kernel);
 * **codegen replacements**: a split mix-order reduction drops its partial sums and
-  computes the second-stage reduction itself (``compat.codegen_replacements``);
+  computes the second-stage reduction itself (``inductor_api.codegen_replacements``);
   ``codegen_node`` then skips that reduction, combo-kernel codegen does not;
 * **removed buffers**: what ``V.graph.removed_buffers`` holds already (dead code).
 
@@ -40,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterator
 
-from . import compat
+from . import inductor_api
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,9 +75,9 @@ class CodegenFacts:
 
     @classmethod
     def collect(cls, nodes: list[Any]) -> "CodegenFacts":
-        facts = cls(removed=compat.removed_buffers())
+        facts = cls(removed=inductor_api.removed_buffers())
         for n in nodes:
-            buffers, ops = compat.codegen_replacements(n)
+            buffers, ops = inductor_api.codegen_replacements(n)
             for b in buffers:
                 facts.dropped[b] = n.get_name()
             for op in ops:
@@ -95,12 +95,12 @@ NO_KERNEL = "Inductor generates no kernel for it (a mix-order reduction's code c
 
 # ---------------------------------------------------------------------- node access
 def is_combo(node: Any) -> bool:
-    return compat._is_kind(node, "ForeachKernelSchedulerNode")
+    return inductor_api._is_kind(node, "ForeachKernelSchedulerNode")
 
 
 def leaves(node: Any) -> list[Any]:
     """The IR operations (scheduler nodes) inside a possibly fused or combo node."""
-    return list(compat.call_safely(node.get_nodes, [node]) or [node])
+    return list(inductor_api.call_safely(node.get_nodes, [node]) or [node])
 
 
 def units(node: Any) -> list[Any]:
@@ -118,14 +118,14 @@ def reads(leaf: Any) -> Iterator[tuple[str, bool]]:
 
 
 def writes(node: Any) -> set[str]:
-    return set(compat.call_safely(node.get_buffer_names, ()))
+    return set(inductor_api.call_safely(node.get_buffer_names, ()))
 
 
 def _writer_op(scheduler: Any, name: str) -> str | None:
     buf = getattr(scheduler, "name_to_buf", {}).get(name)
     if buf is None:
         return None
-    return compat.call_safely(buf.defining_op_name, None)
+    return inductor_api.call_safely(buf.defining_op_name, None)
 
 
 def generates_no_kernel(node: Any, facts: CodegenFacts) -> bool:
@@ -138,7 +138,7 @@ def generates_no_kernel(node: Any, facts: CodegenFacts) -> bool:
 # ---------------------------------------------------------------------- combo checks
 def combo_member_problem(node: Any, facts: CodegenFacts) -> Problem | None:
     """Why ``node`` cannot be a combo sub-kernel whatever the other members are, or None."""
-    if not compat.combinable(node):
+    if not inductor_api.combinable(node):
         what = f"{type(node).__name__} is not a kernel that combo codegen can generate"
         return Problem(("combo_member", leaves(node)[0].get_name()), what, f"{node.get_name()}: {what}")
     for leaf in leaves(node):
@@ -226,7 +226,7 @@ def plan_problems(scheduler: Any, nodes: list[Any], facts: CodegenFacts) -> list
                     )
                 if writer is None or j is None or unit_ops.get(writer) == unit_ops.get(op):
                     continue  # a graph input, or written inside the same kernel
-                if compat.removable_through_fusion(scheduler, name, unit_ops[writer]):
+                if inductor_api.removable_through_fusion(scheduler, name, unit_ops[writer]):
                     out.append(
                         Problem(
                             ("kernel_local", op, name),

@@ -6,7 +6,7 @@ and ``config._post_fusion_custom_pass(nodes)`` right after it. Optimus installs 
 
 * every node is classified through ``SchedulerView``; unknown node types are left
   untouched and reported (``unknown node type <T>``);
-* each enabled ``FusionRule`` for that hook runs in priority order; the driver owns the
+* each enabled ``FusionRule`` for that hook runs in registry order; the driver owns the
   legality checks (same device, no dependency path, no cycle, Inductor's own
   ``can_fuse``, and for combo kernels ``legality``'s member checks and a trial codegen)
   and the fusion itself (Inductor's ``fuse_two_nodes`` / combo nodes), records matches,
@@ -36,20 +36,20 @@ import collections
 import logging
 import time
 import weakref
-from typing import Any, Callable
+from typing import Any
 
 from ..core import logs
 from ..core.passkey import UuidKeyed
 from ..core.report import GraphReport, RuleStats
 from ..core.rule import Decline
-from . import compat, legality
+from ..planner.schedule_memory import ScheduleMemory
+from . import inductor_api, legality
 from .rule import ComboAction, FuseAction, FusionBuilder, FusionMatch, FusionRule
 from .view import SchedulerView
 
 log = logging.getLogger("optimus")
 
 MAX_NOTES_PER_RULE = 12
-MEMORY_SLACK = 256 * 2**10  # bytes a merge may add regardless (a tiny graph's few percent is nothing)
 LEFT_ALONE = (
     "Inductor's combo codegen would launch it on its own (it partitions pointwise kernels, "
     "short and long reductions and tilings into separate launches)"
@@ -57,12 +57,12 @@ LEFT_ALONE = (
 
 SPLIT_SIZES = (
     "both hold reductions Inductor split in two stages, of different original sizes; Inductor's own "
-    "fusion check assumes one size per kernel and fails on such a kernel (compat.split_sizes_disagree)"
+    "fusion check assumes one size per kernel and fails on such a kernel (inductor_api.split_sizes_disagree)"
 )
 
 
 # ----------------------------------------------------------------------- pass objects
-class InductorIRPass(UuidKeyed, *compat.PASS_BASES):  # type: ignore[misc]
+class InductorIRPass(UuidKeyed, *inductor_api.PASS_BASES):  # type: ignore[misc]
     """One scheduler hook of one Optimus session (pickled as its uuid: ``core.passkey``)."""
 
     def __init__(self, session: Any, hook: str) -> None:
@@ -104,7 +104,7 @@ def _graph_report(session: Any, scheduler: Any) -> GraphReport:
         # named like the graph's other levels when the compile names it (optimus.compile)
         name = getattr(session, "current_graph", lambda: None)()
         if name is None:
-            kind = compat.graph_kind()
+            kind = inductor_api.graph_kind()
             name = f"{kind} {st.counter[kind]}"
             st.counter[kind] += 1
         gr = session.report.new_graph("inductor_ir", name)
@@ -124,7 +124,7 @@ def run_hook(session: Any, hook: str, nodes: list[Any]) -> list[Any]:
     """Run the session's Inductor-IR rules for ``hook`` on ``nodes``; never raises."""
     nodes = list(nodes)
     try:
-        scheduler = compat.current_scheduler()
+        scheduler = inductor_api.current_scheduler()
     except Exception as e:
         _session_note(session, f"inductor_ir: no scheduler in the {hook} hook ({e}); nothing done")
         return nodes
@@ -148,14 +148,14 @@ def run_hook(session: Any, hook: str, nodes: list[Any]) -> list[Any]:
     t0 = time.perf_counter()
     saved = None
     try:
-        saved = compat.save_state(scheduler)
-        driver = Driver(scheduler, nodes, rules, gr, session.config.driver.max_rewrites)
+        saved = inductor_api.save_state(scheduler)
+        driver = FusionDriver(scheduler, nodes, rules, gr, session.config.driver.max_rewrites)
         out = driver.run()
         driver.verify(out, nodes)
     except Exception as e:  # never break the compile
         if saved is not None:
             try:
-                compat.restore_state(scheduler, saved)
+                inductor_api.restore_state(scheduler, saved)
             except Exception:  # pragma: no cover
                 log.exception("optimus: could not restore the scheduler state")
         what = "plan refused by the legality check" if isinstance(e, PlanRefused) else "pass rolled back"
@@ -173,163 +173,6 @@ def run_hook(session: Any, hook: str, nodes: list[Any]) -> list[Any]:
     return out
 
 
-# ------------------------------------------------------------------------ memory
-class ScheduleMemory:
-    """Bounds the peak memory of the driver's node list (a rule's ``memory_increase``).
-
-    A merged kernel runs where its first member ran, so the others' outputs are allocated
-    earlier and what they read must be ready earlier. Inductor reorders the final list for
-    peak memory after the post-fusion hook (``reorder_for_peak_memory``), so the rules start
-    from the list *in that order* (in the order before it, all 32 towers' matmul outputs of
-    towers32 are live together and every merge looks free). A merge is
-    simulated on the current order without performing it: every member runs where the first
-    one ran, and what the others depend on that ran later runs before them (in its own
-    order), priced by Inductor's own estimate
-    (``compat.schedule_peak_estimator``: the peak and the bytes live at each step). It must
-    keep both
-
-    * the whole schedule's estimated peak within ``base * (1 + increase)`` (``base``: the
-      peak of the list the rules started from), and
-    * the sum, over accepted merges, of each one's *rise* within ``base * increase`` (plus
-      ``MEMORY_SLACK`` for both). A merge's rise is the larger of how much higher the
-      estimated live bytes peak over the stretch of the schedule it reorders, and the
-      bytes allocated by the nodes it moves ahead (they now run early and their results
-      wait for the merged kernel). The second is there because the estimate misses it
-      where the members write slices of one concatenated buffer: Inductor allocates that
-      buffer whole before the first member, the estimate grows it slice by slice, so each
-      tower's input looks freed as its slice appears. On towers32 inference (H200) the
-      estimate put the peak at 8.00 MiB with and without merges (it also counts the graph's
-      4 MiB input) whose measured peaks were 5.0 and 8.0 MiB against Inductor's 4.1 MiB.
-      Summing the rises is conservative (rises at different places need not add up),
-      which is the side to err on.
-
-    An accepted merge's simulated order becomes the current one (the merged node in the
-    first member's place), so later merges are judged with the earlier ones in place; the
-    estimate follows the merge (``compat.PeakEstimate.merged``) instead of preparing
-    Inductor's planning info for the whole list again."""
-
-    update_checks: list[bool] | None = None  # tests: after each merge, is the followed estimate what preparing anew gives?
-
-    def __init__(self, scheduler: Any, live: Any, reaches: Callable[[Any, Any], bool]) -> None:
-        self.scheduler = scheduler
-        self.live = live
-        self.reaches = reaches  # reaches(a, b): a must run before b
-        self.base: int | None = None
-        self.spent = 0  # the rises of the merges accepted so far
-        self.order: list[Any] | None = None  # the current order, once the first merge was judged
-        self.curve: list[int] | None = None  # the bytes live at each step of the current order
-        self._estimate: Any = None
-        self._pending: tuple[list[Any], list[Any], int] | None = None  # (members, simulated order, rise) last judged
-        self.last: str | None = None  # the last accepted judgement, for the report's note
-
-    def _prepare(self) -> bool:
-        if self._estimate is not None:
-            return True
-        if self.order is None:
-            self.order = compat.reorder_for_peak_memory(self.scheduler, compat.topo_sort(self.scheduler, list(self.live)))
-        got = compat.schedule_peak_estimator(self.scheduler, self.order)
-        if got is None:
-            return False
-        peak, self._estimate = got
-        if self.base is None:
-            self.base = peak
-        self.curve = self._estimate(self.order)[1]
-        return True
-
-    def merged(self, members: list[Any], new: Any) -> None:
-        """``members`` became ``new``: the current order follows (nothing to do before the
-        first judgement)."""
-        if self.order is None:
-            return
-        order = self.order
-        if self._pending is not None and {id(n) for n in self._pending[0]} == {id(n) for n in members}:
-            order = self._pending[1]
-            self.spent += self._pending[2]
-        gone = {id(n) for n in members}
-        first = next((n for n in order if id(n) in gone), None)
-        # (a merge of nodes the order does not hold cannot happen; if it did, the next
-        # judgement starts again from Inductor's reorder of the live list)
-        self.order = None if first is None else [new if n is first else n for n in order if n is first or id(n) not in gone]
-        self._pending = None
-        # the estimate follows the merge (preparing Inductor's planning info again after each
-        # of interformer inference's 134 merges took 3.9 s of its CPU compile, profiled);
-        # where it cannot, it is prepared anew at the next judgement
-        if self.order is not None and self._estimate is not None and self._estimate.merged(members, new):
-            self.curve = self._estimate(self.order)[1]
-            if self.update_checks is not None:
-                fresh = compat.schedule_peak_estimator(self.scheduler, self.order)
-                self.update_checks.append(fresh is not None and fresh[1](self.order)[1] == self.curve)
-        else:
-            self._estimate, self.curve = None, None
-
-    def why_not(self, members: list[Any], increase: float) -> str | None:
-        """Why merging ``members`` (nodes of the current list) would break the budget."""
-        if not self._prepare():
-            return "no peak-memory estimate for this graph (Inductor's torch._inductor.memory failed on it)"
-        assert self.order is not None and self.base is not None and self.curve is not None
-        position = {id(n): i for i, n in enumerate(self.order)}
-        if any(id(n) not in position for n in members):
-            return "no peak-memory estimate for this merge (a member is not in the tracked order)"
-        try:
-            candidate, ahead = merged_order(self.order, members, self.reaches)
-        except KeyError:  # a node the dependency sets do not know
-            return "no peak-memory estimate for this merge (a node is not in the tracked dependencies)"
-        held = sum(compat.planned_alloc_bytes(n) for n in ahead)  # run early, read at the merged kernel
-        allowed = self.base * (1 + increase) + MEMORY_SLACK
-        allowance = self.base * increase + MEMORY_SLACK
-        if held > 0 and self.spent + held > allowance:  # the rise is at least ``held``: declined without pricing the order
-            return (f"memory: the merged kernel would hold at least {held / 2**20:.2f} MiB more at once where it runs, "
-                    f"what the nodes it moves ahead allocate ({self.spent / 2**20:.2f} MiB of the {allowance / 2**20:.2f} MiB "
-                    f"allowed for this graph's merges already used)")
-        peak, curve = self._estimate(candidate)
-        rise = max(local_rise(self.order, self.curve, candidate, curve), held)
-        if peak > allowed:
-            return (f"memory: the merged kernel would raise the schedule's estimated peak to {peak / 2**20:.2f} MiB "
-                    f"(from {self.base / 2**20:.2f} MiB; allowed: {increase:.0%} more)")
-        if self.spent + rise > allowance:
-            return (f"memory: the merged kernel would hold {rise / 2**20:.2f} MiB more at once where it runs "
-                    f"({self.spent / 2**20:.2f} MiB of the {allowance / 2**20:.2f} MiB allowed for this graph's merges already used)")
-        self._pending = (list(members), list(candidate), rise)
-        self.last = (f"estimated peak {peak / 2**20:.2f} MiB of {allowed / 2**20:.2f} MiB allowed, "
-                     f"rise {rise / 2**20:.2f} MiB")
-        return None
-
-    def take_note(self) -> str:
-        """`` (estimated peak ...)`` of the merge just judged, once; empty without a bound."""
-        note, self.last = self.last, None
-        return f"; {note}" if note else ""
-
-
-def merged_order(order: list[Any], members: list[Any], reaches: Callable[[Any, Any], bool]) -> tuple[list[Any], list[Any]]:
-    """``(order as it runs once members are one kernel at the first member's place, the
-    nodes moved ahead of it)``: the nodes after that place which the other members depend
-    on move ahead of it (in their own order; what they depend on is among them,
-    dependencies being transitive), the members follow together, then the rest. (Not
-    re-sorted with Inductor's ``topological_sort_schedule``: that puts each member's
-    producer right before it again, so the simulated order would be the original one and no
-    merge would ever cost memory.)"""
-    position = {id(n): i for i, n in enumerate(order)}
-    ranked = sorted(members, key=lambda n: position[id(n)])
-    start, others = position[id(ranked[0])], ranked[1:]
-    ids = {id(n) for n in ranked}
-    later = [n for n in order[start + 1:] if id(n) not in ids]
-    ahead = [n for n in later if any(reaches(n, m) for m in others)]
-    moved = {id(n) for n in ahead}
-    return order[:start] + ahead + ranked + [n for n in later if id(n) not in moved], ahead
-
-
-def local_rise(order: list[Any], curve: list[int], candidate: list[Any], new_curve: list[int]) -> int:
-    """How much higher the live bytes peak over the stretch of the schedule where
-    ``candidate`` differs from ``order`` (same nodes, same length; a curve holds the bytes
-    live at each step and after the last). Outside that stretch both orders have run the
-    same nodes, so their curves agree there."""
-    differs = [i for i, (a, b) in enumerate(zip(order, candidate)) if a is not b]
-    if not differs:
-        return 0
-    lo, hi = differs[0], differs[-1] + 2
-    return max(0, max(new_curve[lo:hi]) - max(curve[lo:hi]))
-
-
 # ------------------------------------------------------------------------ the driver
 class _StateError(RuntimeError):
     """A fusion failed half-way: the scheduler's bookkeeping may be inconsistent."""
@@ -339,7 +182,7 @@ class PlanRefused(RuntimeError):
     """The final node list breaks an invariant Inductor's codegen relies on (``legality``)."""
 
 
-class Driver:
+class FusionDriver:
     """Applies fusion rules to one scheduler's node list."""
 
     def __init__(self, scheduler: Any, nodes: list[Any], rules: list[tuple[FusionRule, dict[str, Any]]], report: GraphReport, max_actions: int | None) -> None:
@@ -347,14 +190,14 @@ class Driver:
         self.view = SchedulerView(scheduler, nodes)
         self.rules = rules
         self.report = report
-        self.live = compat.ordered_set(list(nodes))
+        self.live = inductor_api.ordered_set(list(nodes))
         self.original = list(nodes)
         self.created: list[Any] = []
         self.max_actions = max_actions
         self.actions = 0
         self.notes: collections.Counter[str] = collections.Counter()
         self._facts: legality.CodegenFacts | None = None
-        self.memory = ScheduleMemory(scheduler, self.live, lambda a, b: self.view.reach.reaches(a, b))
+        self.memory = ScheduleMemory(scheduler, self.live, lambda a, b: self.view.reach.reaches(a, b), inductor_api)
 
     @property
     def facts(self) -> legality.CodegenFacts:
@@ -373,11 +216,11 @@ class Driver:
                 stats = self.report.stats(rule.name)
                 for n in unknown:
                     stats.decline(n.get_name(), f"unknown node type {self.view.type_name(n)}")
-        with compat.catch_fusion_reasons():
+        with inductor_api.catch_fusion_reasons():
             self._run_rules()
         if not self.created:
             return list(self.original)
-        return compat.topo_sort(self.scheduler, list(self.live))
+        return inductor_api.topo_sort(self.scheduler, list(self.live))
 
     def _run_rules(self) -> None:
         for rule, options in self.rules:
@@ -472,10 +315,10 @@ class Driver:
     def _common_checks(self, a: Any, b: Any) -> None:
         """What every pairing requires of ``a`` and ``b``: one device, no collective between
         them, split reductions of one original size."""
-        if compat.call_safely(a.get_device, None) != compat.call_safely(b.get_device, None):
+        if inductor_api.call_safely(a.get_device, None) != inductor_api.call_safely(b.get_device, None):
             raise Decline("different device")
         self._comm_check(a, b)
-        if compat.split_sizes_disagree([a, b]):
+        if inductor_api.split_sizes_disagree([a, b]):
             raise Decline(SPLIT_SIZES)
 
     def _pair_check(self, a: Any, b: Any) -> None:
@@ -552,7 +395,7 @@ class Driver:
                             if not isinstance(action, FuseAction):
                                 raise TypeError(f"rule must return b.fuse(...), got {type(action).__name__}")
                             first, second = sorted((target, x), key=lambda n: self.view.order(n))
-                            ok, why = compat.inductor_can_fuse(self.scheduler, first, second, relaxed=True)
+                            ok, why = inductor_api.inductor_can_fuse(self.scheduler, first, second, relaxed=True)
                             if not ok:
                                 raise Decline(f"Inductor cannot fuse them: {why}")
                             self._memory_check(options, [first, second])
@@ -584,7 +427,7 @@ class Driver:
 
     def _memory_check(self, options: dict[str, Any], members: list[Any]) -> None:
         """A rule with ``memory_increase`` (set by ``passes="auto"``) declines a merge that
-        would raise the schedule's estimated peak by more (``ScheduleMemory``)."""
+        would raise the schedule's estimated peak by more (the planner's ``ScheduleMemory``)."""
         increase = options.get("memory_increase")
         if increase is None:
             return
@@ -594,7 +437,7 @@ class Driver:
 
     def _fuse(self, first: Any, second: Any) -> Any:
         try:
-            new = compat.fuse_two(self.scheduler, first, second, self.live)
+            new = inductor_api.fuse_two(self.scheduler, first, second, self.live)
             self.memory.merged([first, second], new)
             self.created.append(new)
             self.view.replace([first, second], new)
@@ -603,8 +446,8 @@ class Driver:
         return new
 
     def _combo_possible(self, rule: FusionRule, stats: RuleStats) -> bool:
-        devices = {compat.call_safely(n.get_device, None) for n in self.view.nodes}
-        if not any(compat.combo_backend(self.scheduler, d) is not None for d in devices if d is not None):
+        devices = {inductor_api.call_safely(n.get_device, None) for n in self.view.nodes}
+        if not any(inductor_api.combo_backend(self.scheduler, d) is not None for d in devices if d is not None):
             kinds = ", ".join(sorted({d.type for d in devices if d is not None})) or "no device"
             stats.decline("graph", f"combo kernels need a GPU (Triton) backend; this graph runs on {kinds}")
             return False
@@ -620,7 +463,7 @@ class Driver:
             return []
         if options.get("verify_codegen", True):
             try:
-                partitions = compat.trial_combo_codegen(self.scheduler, group, removed_later=self.facts.dropped)
+                partitions = inductor_api.trial_combo_codegen(self.scheduler, group, removed_later=self.facts.dropped)
             except Exception as e:
                 for n in group:
                     reasons[n.get_name()] = f"combo kernel codegen failed: {type(e).__name__}: {str(e)[:120]}"
@@ -638,14 +481,14 @@ class Driver:
         if options.get("benchmark", False):
             fn = getattr(self.scheduler, "speedup_by_combo_kernel", None)
             if fn is not None:
-                with compat.inductor_config.patch(benchmark_combo_kernel=True):
+                with inductor_api.inductor_config.patch(benchmark_combo_kernel=True):
                     faster = fn(group)
                 if not faster:
                     for n in group:
                         reasons[n.get_name()] = "benchmark: the combo kernel is not faster"
                     return []
         try:
-            node = compat.make_combo(self.scheduler, group)
+            node = inductor_api.make_combo(self.scheduler, group)
             self.memory.merged(group, node)
             self.created.append(node)
             for n in group:
@@ -680,7 +523,7 @@ class Driver:
             for i, (a, b) in enumerate(pairs):
                 key2 = (id(a), id(b))
                 if key2 not in scores:
-                    scores[key2] = compat.inductor_score(self.scheduler, a, b)
+                    scores[key2] = inductor_api.inductor_score(self.scheduler, a, b)
                 scored.append((scores[key2], i, a, b))
             try:
                 scored.sort(key=lambda t: (t[0] is not None, t[0], -t[1]), reverse=True)
@@ -705,7 +548,7 @@ class Driver:
                         raise TypeError(f"rule must return b.fuse(...), got {type(action).__name__}")
                     why = refused.get((id(a), id(b)))
                     if why is None:
-                        ok, why = compat.inductor_can_fuse(self.scheduler, a, b, relaxed=bool(options.get("relaxed", False)))
+                        ok, why = inductor_api.inductor_can_fuse(self.scheduler, a, b, relaxed=bool(options.get("relaxed", False)))
                         if not ok and why != "would create a cycle":
                             refused[(id(a), id(b))] = why
                     else:

@@ -5,7 +5,7 @@ the unit of change is a *decision*: which scheduler nodes become one kernel. A
 ``FusionRule`` is a ``PatternRule`` (``optimus.core.rule``) -- a name, a pattern over the
 canonical vocabulary (here the scheduler-node kinds of ``view.KIND_SCHEMAS``), conditions
 whose docstrings become decline reasons, a silent ``.such_that`` filter, a replacement
-that builds through a builder, kind, priority, options, knobs -- and adds how
+that builds through a builder, kind, stage, options -- and adds how
 candidates pair up:
 
 ``pairing="independent"``
@@ -167,7 +167,7 @@ def _default_bucket(pairing: str) -> Callable[[Call, Any], Hashable]:
     return lambda call, view: None
 
 
-_PAIRING_KNOBS: dict[str, dict[str, Any]] = {
+_PAIRING_OPTIONS: dict[str, dict[str, Any]] = {
     "independent": {"max_attempts": 64},
     "producer_consumer": {"max_rounds": 10, "relaxed": False},
     "combo": {"max_attempts": 64, "verify_codegen": True, "benchmark": False},
@@ -179,6 +179,7 @@ class FusionRule(PatternRule):
     """A rule deciding which scheduler nodes become one kernel (or one launch)."""
 
     kind: str = "horizontal"
+    stage: str = "fuse_kernels"
     levels: tuple[str, ...] = ("inductor_ir",)
     pairing: str = "independent"
     hook: str = "post_fusion"
@@ -195,8 +196,9 @@ class FusionRule(PatternRule):
         if self.bucket is None:
             self.bucket = _default_bucket(self.pairing)
 
-    def knob_defaults(self) -> dict[str, Any]:
-        return dict(_PAIRING_KNOBS[self.pairing])
+    def class_options(self) -> dict[str, Any]:
+        """The options its driver reads for its pairing."""
+        return dict(_PAIRING_OPTIONS[self.pairing])
 
     def candidate(self, call: Call | None, view: Any, options: dict[str, Any]) -> bool:
         """Does this node's call match the rule's pattern (anchor kind and filter)?"""
@@ -216,8 +218,8 @@ fusion_rule = rule_decorator(
     "pattern",
     fixed={"levels": ("inductor_ir",)},
     name="fusion_rule",
-    doc="""``@fusion_rule(pattern, pairing=..., where=[...], kind=..., hook=..., priority=...,
-    options=..., knobs=..., bucket=...)``: the replacement ``fn(m, b)`` becomes a registered
+    doc="""``@fusion_rule(pattern, pairing=..., where=[...], kind=..., hook=..., stage=...,
+    options=..., bucket=...)``: the replacement ``fn(m, b)`` becomes a registered
     Inductor-IR ``FusionRule`` (see ``optimus.core.rule.rule_decorator``).""",
 )
 

@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterable
 import sympy
 
 from ..core.vocab import Call, register_ops
-from . import compat
+from . import inductor_api
 
 KIND_SCHEMAS: dict[str, tuple[str, ...]] = {
     "pointwise": ("sizes", "device"),
@@ -69,10 +69,10 @@ def known_types() -> dict[type, str]:
     """Scheduler node class -> how it is classified (``kernel``, ``extern``, ...)."""
     table: dict[type, str] = {}
     for name in ("SchedulerNode", "FusedSchedulerNode"):
-        cls = compat.sched_class(name)
+        cls = inductor_api.sched_class(name)
         if cls is not None:
             table[cls] = "kernel"
-    cls = compat.cpp_class("OuterLoopFusedSchedulerNode")
+    cls = inductor_api.cpp_class("OuterLoopFusedSchedulerNode")
     if cls is not None:
         table[cls] = "kernel"
     for name, how in (
@@ -80,11 +80,11 @@ def known_types() -> dict[type, str]:
         ("NopKernelSchedulerNode", "nop"),
         ("ForeachKernelSchedulerNode", "combo"),
     ):
-        cls = compat.sched_class(name)
+        cls = inductor_api.sched_class(name)
         if cls is not None:
             table[cls] = how
     for name in _COMPOSITE_TYPES:
-        cls = compat.sched_class(name)
+        cls = inductor_api.sched_class(name)
         if cls is not None:
             table[cls] = "composite"
     return table
@@ -141,9 +141,9 @@ class SchedulerView:
         self._comm_segment: dict[int, int | None] = {}  # collectives passed (barriers)
         seg = comm = 0
         for n in self.nodes:
-            if compat.call_safely(n.is_extern, False) or compat.call_safely(n.is_template, False):
+            if inductor_api.call_safely(n.is_extern, False) or inductor_api.call_safely(n.is_template, False):
                 seg += 1
-            if compat.is_communication(n):
+            if inductor_api.is_communication(n):
                 comm += 1
             self._segment[id(n)] = seg
             self._comm_segment[id(n)] = comm
@@ -165,19 +165,19 @@ class SchedulerView:
         how = self._types.get(type(node))
         if how is None:
             return None
-        device = compat.call_safely(node.get_device, None)
+        device = inductor_api.call_safely(node.get_device, None)
         if how == "kernel":
-            if compat.call_safely(node.is_template, False):
+            if inductor_api.call_safely(node.is_template, False):
                 return Call("template", node, {"kernel": self.type_name(node), "device": device})
             sizes, red = self.iteration_sizes(node)
             if sizes is None:
                 return None
-            if compat.call_safely(node.is_reduction, False):
+            if inductor_api.call_safely(node.is_reduction, False):
                 return Call("reduction", node, {"sizes": sizes, "reduction_sizes": red, "device": device})
             return Call("pointwise", node, {"sizes": sizes, "device": device})
         if how == "extern":
             kernel = self.extern_kernel_name(node)
-            if compat.call_safely(node.is_template, False):
+            if inductor_api.call_safely(node.is_template, False):
                 return Call("template", node, {"kernel": kernel, "device": device})
             is_mm = any(w in kernel.lower() for w in _MATMUL_WORDS)
             return Call("extern", node, {"kernel": kernel, "device": device, "is_matmul": is_mm})
@@ -225,14 +225,14 @@ class SchedulerView:
         reduction hint)`` on GPUs -- a Triton kernel mixing an inner and an outer
         reduction falls back to a default tiling that is slow for both -- and
         ``(device, loop ranges, reduction ranges)`` on CPU."""
-        device = compat.call_safely(node.get_device, None)
+        device = inductor_api.call_safely(node.get_device, None)
         if device is not None and device.type == "cpu":
             # C++: equal loop ranges. Re-tiling one nest to the other's ranges (which the
             # backend can do for 1-D vs N-D) trades the fusion for a shorter inner loop.
             sizes, red = self.iteration_sizes(node)
             return (device, sizes, red)
         key: tuple[Any, ...] = (device, self.numel(node), self.rnumel(node))
-        if device is not None and compat.call_safely(node.is_reduction, False):
+        if device is not None and inductor_api.call_safely(node.is_reduction, False):
             key += (self.reduction_hint(node),)
         return key
 
@@ -246,8 +246,8 @@ class SchedulerView:
         except Exception:  # pragma: no cover - layout differs across versions
             hint_of = None
         hints = set()
-        for n in compat.call_safely(node.get_nodes, [node]):
-            if not compat.call_safely(n.is_reduction, False):
+        for n in inductor_api.call_safely(node.get_nodes, [node]):
+            if not inductor_api.call_safely(n.is_reduction, False):
                 continue
             try:
                 hint = hint_of(n) if hint_of is not None else n.node.data.reduction_hint
@@ -267,15 +267,15 @@ class SchedulerView:
             # ``size_hint`` (every symbolic kernel declined the cap); ``optimization_hint``
             # is in 2.11 to 2.15.
             def hint_of(expr: Any) -> Any:
-                sizevars = compat.V.graph.sizevars
+                sizevars = inductor_api.V.graph.sizevars
                 return (getattr(sizevars, "optimization_hint", None) or sizevars.size_hint)(expr)
 
-            hint = compat.call_safely(lambda: hint_of(total), None)
+            hint = inductor_api.call_safely(lambda: hint_of(total), None)
             return int(hint) if hint is not None else None
 
     def members(self, node: Any) -> int:
         """Scheduler nodes (IR operations) inside a possibly fused node."""
-        return len(compat.call_safely(node.get_nodes, [node]))
+        return len(inductor_api.call_safely(node.get_nodes, [node]))
 
     def accesses(self, node: Any) -> int:
         """Buffers a possibly fused node reads from outside and writes: about the pointer
@@ -292,7 +292,7 @@ class SchedulerView:
 
     def bytes(self, node: Any) -> int | None:
         fn = getattr(node, "get_read_write_buffers_sizes", None)
-        return compat.call_safely(fn, None) if fn is not None else None
+        return inductor_api.call_safely(fn, None) if fn is not None else None
 
     # -------------------------------------------------------------- data flow
     @staticmethod
@@ -301,7 +301,7 @@ class SchedulerView:
 
     @staticmethod
     def writes(node: Any) -> set[str]:
-        return set(compat.call_safely(node.get_buffer_names, ()))
+        return set(inductor_api.call_safely(node.get_buffer_names, ()))
 
     def producers(self, node: Any) -> list[Any]:
         return self.reach.producers(node)
@@ -381,7 +381,7 @@ class Reachability:
         self.bit[id(n)] = 1 << self._next
         self._next += 1
         self.by_id[id(n)] = n
-        names = set(compat.call_safely(n.get_operation_names, ())) | set(compat.call_safely(n.get_buffer_names, ()))
+        names = set(inductor_api.call_safely(n.get_operation_names, ())) | set(inductor_api.call_safely(n.get_buffer_names, ()))
         for name in names:
             self._owner[name] = n
 
@@ -393,7 +393,7 @@ class Reachability:
             owner = self._owner.get(dep.name)
             if owner is None:
                 buf = name_to_buf.get(dep.name)
-                op_name = compat.call_safely(buf.defining_op_name, None) if buf is not None else None
+                op_name = inductor_api.call_safely(buf.defining_op_name, None) if buf is not None else None
                 owner = self._owner.get(op_name) if op_name else None
             if owner is not None and owner is not n and id(owner) not in seen:
                 seen.add(id(owner))

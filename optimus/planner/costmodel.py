@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from .. import compat
+from .. import torch_api
 
 log = logging.getLogger("optimus")
 
@@ -96,7 +96,7 @@ PROFILE_ENV = "OPTIMUS_DEVICE_PROFILE"  # "defaults": never probe, use DEFAULTS 
 def dtype_class(dtype: torch.dtype) -> str:
     if dtype in (torch.float16, torch.bfloat16):
         return "half"
-    if dtype == torch.float32 and compat.cuda_matmul_allows_tf32():
+    if dtype == torch.float32 and torch_api.cuda_matmul_allows_tf32():
         return "tf32"
     return "fp32"
 
@@ -311,7 +311,7 @@ def _probe_cuda(device: torch.device, repeats: int) -> DeviceProfile:
         bandwidth = 2 * big.numel() * 4 / copy / 1e3  # bytes per us -> GB/s
         rates: dict[str, dict[str, float]] = {}
         for cls, dtype, allow in (("fp32", torch.float32, False), ("tf32", torch.float32, True), ("half", torch.bfloat16, False)):
-            with compat.tf32(allow):
+            with torch_api.tf32(allow):
                 rates[cls] = {}
                 for label, size in (("small", (512, 256, 256)), ("large", (4096, 4096, 4096))):
                     m, k, nn = size

@@ -7,7 +7,7 @@ keeps the rewrite only when the new side is cheaper. Each node is one of:
 * a view (``VIEW_OPS``: reshape, permute, unbind, getitem, ...): free in the forward;
 * a copy (``stack``, ``cat``, ``clone``): reads and writes its output's bytes once, except
   a stack or cat of consecutive parts of one tensor, which the vertical rules turn back
-  into a view of it (``rules.horizontal.stack_is_free``): free;
+  into a view of it (``core.segments.stack_is_free``): free;
 * a matmul (``linear``, ``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``matmul``): its bytes and
   ``2 * M * N * K`` FLOPs at the rate its tiles achieve (``costmodel.matmul_rate``);
 * an op outside the vocabulary that a rule emitted (a custom op such as
@@ -42,7 +42,7 @@ import torch.fx as fx
 from ..core.symbolic import size_hint
 from ..core.view import GraphView
 from ..core.vocab import VIEW_OPS
-from ..rules.horizontal import stack_is_free
+from ..core.segments import stack_is_free
 from . import costmodel
 from .costmodel import DeviceProfile
 from .memory import tensors_of

@@ -754,6 +754,9 @@ class Liveness:
         return float(max(curve.max(), curve[-1] - freed + gradients))
 
 
+MEMORY_SLACK = 256 * 2**10  # bytes any graph may add regardless of its allowance (a tiny graph's 2% is nothing)
+
+
 class MemoryBudget:
     """The peak a graph may reach: its peak when the planner first saw it, plus an allowance."""
 

@@ -3,9 +3,9 @@
 ``passes="auto"`` selects every rule (like ``"all"``) and attaches a ``Planner`` to the
 compile. The planner decides three things, each reported:
 
-1. **Which Inductor-IR rules run** (``configure``): under CUDA graphs a replay launches
-   every kernel from the device, so a fusion that only saves launches
-   (``combo_small_kernels``) saves nothing and is left out.
+1. **Which rules run** (``configure``): under CUDA graphs a replay launches every kernel
+   from the device, so a rule whose only gain is fewer launches (the rule trait
+   ``saves_only_launches``: combo kernels) saves nothing and is left out.
 2. **Whether a horizontal group pays** (``judge``, called by the FX driver once the
    replacement is built, before it is committed): the members' estimated device time
    against the new nodes' (``estimate.nodes_cost``: stacks and cats are copies, the
@@ -19,17 +19,20 @@ compile. The planner decides three things, each reported:
    once; in AOTAutograd's training forward, saved results the backward can no longer free
    one member at a time); a group that would raise the graph's peak (as the planner first
    saw it) by more than ``memory_increase`` (2%, or ``MEMORY_SLACK`` on tiny graphs) is
-   cut into balanced chunks that fit, or declined when not even ``min_group`` members
-   fit, or when its members read consecutive parts of one tensor (``CUT_PARTS_WHY``).
+   cut into chunks that fit (``order`` puts members reading one input smallest result
+   first; the driver tries each chunk as a group of its own), or declined when not even
+   ``min_group`` members fit, or when its members read consecutive parts of one tensor
+   (``CUT_PARTS_WHY``).
    What a group copies is the rule's to say (``GroupRule.copies``).
 4. **How far the kernel-merging Inductor-IR rules may raise memory** (``rule_options``):
-   ``fuse_independent_kernels`` and ``combo_small_kernels`` get ``memory_increase``, and
-   their driver declines merges above it by Inductor's own estimate of the schedule's peak
-   (``inductor_ir.passes.ScheduleMemory``).
+   every rule with a ``memory_increase`` option (the trait ``Rule.memory_bounded``: the
+   rules merging independent kernels) gets it, and their driver declines merges above it
+   by Inductor's own estimate of the schedule's peak (``planner.schedule_memory.ScheduleMemory``).
 
-With ``tune=True`` (or ``mode="max-autotune"``) the compile also measures alternatives;
-that lives in ``optimus.compile`` (``Session._tuned``), built on ``tune`` and
-``decisions``.
+``plan_compile`` is what a compile asks for each Dynamo graph: the passes with this
+graph's planner attached, or with ``tune=True`` (or ``mode="max-autotune"``) the fastest of
+the candidate plans measured on the graph's inputs (``tune``, ``decisions``).
+``plan_graph`` is the same for a bare graph (``optimus.optimize``).
 """
 
 from __future__ import annotations
@@ -37,28 +40,26 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.fx as fx
 
-from ..core.report import GraphReport
+from ..core.group import Cut
+from ..core.registry import AUTO, REGISTRY, PassConfig, exclude_rules, resolve
+from ..core.report import GraphReport, Report
+from ..core.segments import stack_is_free
 from ..core.symbolic import size_hint
 from ..core.view import GraphView
 from ..core.vocab import ParamRef
-from . import costmodel, estimate
-from ..rules.horizontal import stack_is_free
-from .memory import Liveness, MemoryBudget
+from . import costmodel, estimate, tune
+from .memory import MEMORY_SLACK, Liveness, MemoryBudget
 
-# Inductor-IR rules whose only gain is fewer launches: nothing under CUDA graphs.
-LAUNCH_ONLY_RULES = ("combo_small_kernels",)
-# Inductor-IR rules that merge independent kernels: the merged kernel runs where the first
-# did, so the second's outputs (and what it needs) are live earlier: unbounded, on towers32
-# inference these fusions alone took the H200's peak memory to 1.94x Inductor's. The planner bounds them
-# by Inductor's own estimate of the schedule's peak (their ``memory_increase`` option).
-MEMORY_BOUNDED_KERNEL_RULES = ("fuse_independent_kernels", "combo_small_kernels")
-MEMORY_INCREASE = 0.02  # groups may raise a graph's estimated peak by at most 2% ...
-MEMORY_SLACK = 256 * 2**10  # ... or 256 KiB, whichever is more (a tiny graph's 2% is nothing)
+# Rules that merge independent kernels run the merged kernel where the first ran, so the
+# second's outputs (and what it needs) are live earlier: unbounded, on towers32 inference
+# these fusions alone took the H200's peak memory to 1.94x Inductor's. The planner bounds
+# every rule that has a ``memory_increase`` option by it (``rule_options``).
+MEMORY_INCREASE = 0.02  # groups may raise a graph's estimated peak by at most 2%, or MEMORY_SLACK on tiny graphs
 # A cut of a group over consecutive parts of one tensor turns each chunk's stack into a slice
 # of that tensor. On the H200 such cuts on splitcat inference gave a wrong result that the CPU
 # did not reproduce (docs/planner.md, "Memory"); until the cause is known, they are declined.
@@ -96,6 +97,53 @@ class Context:
         return ", ".join(parts)
 
 
+def plan_compile(
+    base: PassConfig,
+    gm: fx.GraphModule,
+    example_inputs: list[Any],
+    inductor_options: dict[str, Any],
+    tune_requested: bool,
+    report: Report,
+    compile_plan: Callable[[str, fx.GraphModule, list[Any], dict[str, Any]], Callable[..., Any]],
+    graph_name: Callable[[str], str],
+    source_fingerprint: Callable[[], str],
+) -> PassConfig:
+    """``passes="auto"`` for one Dynamo graph: ``base`` with a planner for this compile's
+    context, its rules and rule options (said in ``report``); with tuning, the measured
+    fastest candidate plan instead (``tune.measure_plans``, whose trials ``compile_plan``
+    compiles; ``graph_name`` names the tuned graph in the notes, ``source_fingerprint`` keys
+    the decision cache)."""
+    context = Context.of_compile(example_inputs, inductor_options, tune_requested)
+    if context.tune:
+        untuned = dataclasses.replace(context, tune=False)
+        extra = {"context": dataclasses.asdict(untuned), "optimus": source_fingerprint()}
+        plan = tune.measure_plans(gm, example_inputs, inductor_options, context.training, extra, compile_plan, report.notes, graph_name("tuned graph"))
+        if plan == AUTO:
+            return _with_planner(base, untuned, report)
+        if plan is not None:
+            return dataclasses.replace(exclude_rules(resolve(plan), base.excluded), spec=f"{AUTO}:{plan}")  # the user's exclusions hold for every candidate
+    return _with_planner(base, context, report, describe=True)
+
+
+def plan_graph(config: PassConfig, gm: fx.GraphModule, example_inputs: list[Any] | tuple[Any, ...] | None, report: Report) -> PassConfig:
+    """``passes="auto"`` on a bare graph (``optimus.optimize``): a planner for its device,
+    not for how it will run (``Context.of_graph``)."""
+    planner = Planner(Context.of_graph(gm, example_inputs))
+    report.notes.append(planner.describe())
+    return dataclasses.replace(config, planner=planner)
+
+
+def _with_planner(base: PassConfig, context: Context, report: Report, describe: bool = False) -> PassConfig:
+    """``base`` with a planner for ``context``: its rules and rule options."""
+    planner = Planner(context)
+    rules, notes = planner.configure(dict(base.rules))
+    if describe:
+        report.note_once(planner.describe())
+    for note in notes:
+        report.note_once(note)
+    return dataclasses.replace(base, rules=rules, options=planner.rule_options(base.options), planner=planner)
+
+
 @dataclasses.dataclass
 class Decision:
     """One horizontal group the planner judged."""
@@ -128,7 +176,8 @@ class Decision:
 
 class Planner:
     """One compile's planner (see module docstring). The FX driver calls
-    ``round_started`` / ``chunk`` / ``judge`` / ``accepted`` (``core.group.GroupPlanner``)."""
+    ``round_started`` / ``order`` / ``chunk`` / ``judge`` / ``accepted``
+    (``core.group.GroupPlanner``)."""
 
     def __init__(self, context: Context, profile: costmodel.DeviceProfile | None = None, memory_increase: float = MEMORY_INCREASE) -> None:
         self.context = context
@@ -157,20 +206,23 @@ class Planner:
         if not self.context.cudagraphs:
             return rules, notes
         out = dict(rules)
-        kept = tuple(r for r in rules.get("inductor_ir", ()) if r not in LAUNCH_ONLY_RULES)
-        for r in rules.get("inductor_ir", ()):
-            if r not in kept:
-                notes.append(f"planner: {r} off (it only saves launches, and CUDA graphs make launches free)")
-        out["inductor_ir"] = kept
+        for level, names in rules.items():
+            kept = tuple(r for r in names if not (r in REGISTRY and REGISTRY.get(r).saves_only_launches))
+            for r in names:
+                if r not in kept:
+                    notes.append(f"planner: {r} off (it only saves launches, and CUDA graphs make launches free)")
+            out[level] = kept
         return out, notes
 
     def rule_options(self, options: dict[tuple[str, str], dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
-        """The rules' options under this planner: the kernel-merging Inductor-IR rules get
-        ``memory_increase`` (the schedule's estimated peak may rise by at most that much)
-        unless it was set."""
+        """The rules' options under this planner: the rules whose driver bounds what they
+        merge (``Rule.memory_bounded``) get ``memory_increase`` (the schedule's estimated peak
+        may rise by at most that much) at each of their levels, unless it was set."""
         out = {k: dict(v) for k, v in options.items()}
-        for rule in MEMORY_BOUNDED_KERNEL_RULES:
-            out.setdefault(("inductor_ir", rule), {}).setdefault("memory_increase", self.memory_increase)
+        for rule in REGISTRY.rules():
+            if rule.memory_bounded:
+                for level in rule.levels:
+                    out.setdefault((level, rule.name), {}).setdefault("memory_increase", self.memory_increase)
         return out
 
     # ------------------------------------------------------------------ groups
@@ -227,11 +279,45 @@ class Planner:
                     out.append((value, size_hint(v.numel()) * v.element_size()))  # its own bytes, not its base's
         return out
 
-    def chunk(self, view: GraphView, members: list[fx.Node], min_group: int, copies: list[list[Any]] | None = None, custom_op: bool = False) -> tuple[int, str] | None:
+    def order(self, view: GraphView, members: list[fx.Node]) -> list[int]:
+        """The members (positions) ordered by the bytes of their results, smallest first
+        (stable: equal shapes keep graph order), when they all read one input. Members are
+        independent, so any chunk of them is legal; the chunks are prefixes, so the members
+        that raise memory least are cut together (a shared input's narrow gates, not its
+        wide projections). Members reading different inputs keep graph order: their inputs
+        may be consecutive parts of one tensor, which a reordered stack would copy."""
+        firsts = [n.all_input_nodes[0] if n.all_input_nodes else None for n in members]
+        if firsts[0] is None or any(f is not firsts[0] for f in firsts):
+            return list(range(len(members)))
+        return sorted(range(len(members)), key=lambda i: _result_bytes(view, members[i]))
+
+    def chunk(self, view: GraphView, members: list[fx.Node], min_group: int, copies: list[list[Any]] | None = None, custom_op: bool = False) -> Cut | None:
+        """``None`` when every member fits the memory budget; else the group cut into
+        chunks that fit (``core.group.Cut``). Results of different sizes (ordered smallest
+        first by ``order``): the longest prefix that fits, then the rest as a group of its
+        own (cut again if it must be); results of one size: balanced chunks (8 of which at
+        most 5 fit: 4 + 4). ``copies``: what the replacement copies
+        (``GroupRule.copied_operands``; ``None``: the members' first inputs); ``custom_op``:
+        the replacement is one of our custom ops (``GroupRule.custom_op``)."""
+        sized = self._fitting(view, members, min_group, copies, custom_op)
+        if sized is None:
+            return None
+        size, why = sized
+        smallest = max(2, min_group)
+        if size < smallest:
+            return Cut(declined=f"{why}; no smaller group fits")
+        where = f"group of {len(members)} at {members[-1].name}"
+        if len({_result_bytes(view, n) for n in members}) > 1:
+            rest = tuple(range(size, len(members)))
+            parts = (tuple(range(size)),) + ((rest,) if len(rest) >= smallest else ())
+            return Cut(parts, f"{where} cut after its {size} smallest ({why})")
+        size = -(-len(members) // -(-len(members) // size))  # balanced: 8 at most 5 -> 4 + 4
+        parts = tuple(tuple(range(start, min(start + size, len(members)))) for start in range(0, len(members), size))
+        return Cut(tuple(p for p in parts if len(p) >= smallest), f"{where} cut into groups of {size} ({why})")
+
+    def _fitting(self, view: GraphView, members: list[fx.Node], min_group: int, copies: list[list[Any]] | None, custom_op: bool) -> tuple[int, str] | None:
         """``None`` when every member fits the memory budget; else the members per chunk
-        (0: not even ``min_group`` fit) and why. ``copies``: what the replacement copies
-        (``GroupRule.copied_operands``; ``None``: the members' first inputs);
-        ``custom_op``: the replacement is one of our custom ops (``GroupRule.custom_op``)."""
+        (0: not even ``min_group`` fit) and why."""
         if self._budget is None or len(members) < 2:
             return None
         budget = self._budget
@@ -292,3 +378,9 @@ class Planner:
     def _record(self, d: Decision) -> None:
         if self._report is not None:
             self._report.decisions.append(d.to_dict())
+
+
+def _result_bytes(view: GraphView, node: fx.Node) -> int:
+    """The bytes of ``node``'s result (its size hint where symbolic; 0 if unknown)."""
+    v = view.tensor_val(node)
+    return 0 if v is None else size_hint(v.numel()) * v.element_size()

@@ -1,78 +1,19 @@
-"""Facts rules share: which range of which tensor a node is, small shape helpers, and
-where the project's custom ops pay.
-
-A **segment** is a contiguous range ``[start, end)`` of ``source`` along ``dim``:
-``getitem(split(x, sizes, d), i)`` and ``slice(x, d, a, b, 1)`` are both segments. Many
-vertical rules reduce to "these inputs are adjacent segments of one tensor".
-A **part** is one index of ``source`` along ``dim`` with that dim removed:
-``getitem(unbind(x, d), i)`` and ``select(x, d, i)``.
+"""Facts rules share: adjacent runs of segments, small shape helpers, stacks in every
+spelling, and where the project's custom ops pay. (Which range or index of which tensor a
+node is, ``segment_of`` / ``part_of``, and whether a stack is free are the core's,
+``core.segments``: the planner prices stacks with them too.)
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any, Sequence
 
 import torch.fx as fx
 
+from ..core.segments import Segment
 from ..core.symbolic import known_eq
 from ..core.view import GraphView, is_int
-
-
-@dataclasses.dataclass(frozen=True)
-class Segment:
-    source: fx.Node
-    dim: int
-    start: int
-    end: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Part:
-    source: fx.Node
-    dim: int
-    index: int
-
-
-def segment_of(view: GraphView, value: Any) -> Segment | None:
-    """``value`` as a range of another tensor along one dim, if it is one."""
-    if not isinstance(value, fx.Node):
-        return None
-    call = view.classify(value)
-    if call is None:
-        return None
-    if call.op == "getitem":
-        src = view.classify(call.args["input"]) if isinstance(call.args["input"], fx.Node) else None
-        if src is None or src.op != "split" or not is_int(src.args["dim"]):
-            return None
-        sizes, i = src.args["sizes"], call.args["index"]
-        if not isinstance(sizes, list) or not all(is_int(s) for s in sizes) or not (0 <= i < len(sizes)):
-            return None
-        start = sum(sizes[:i])
-        return Segment(src.args["input"], src.args["dim"], start, start + sizes[i])
-    if call.op == "slice":
-        a = call.args
-        if a.get("step", 1) == 1 and all(is_int(a[k]) for k in ("dim", "start", "end")) and isinstance(a["input"], fx.Node):
-            return Segment(a["input"], a["dim"], a["start"], max(a["start"], a["end"]))
-    return None
-
-
-def part_of(view: GraphView, value: Any) -> Part | None:
-    """``value`` as one index of another tensor along a removed dim, if it is one."""
-    if not isinstance(value, fx.Node):
-        return None
-    call = view.classify(value)
-    if call is None:
-        return None
-    if call.op == "getitem":
-        src = view.classify(call.args["input"]) if isinstance(call.args["input"], fx.Node) else None
-        if src is not None and src.op == "unbind" and is_int(src.args["dim"]):
-            return Part(src.args["input"], src.args["dim"], call.args["index"])
-        return None
-    if call.op == "select" and is_int(call.args["dim"]) and is_int(call.args["index"]) and call.args["index"] >= 0:
-        return Part(call.args["input"], call.args["dim"], call.args["index"])
-    return None
 
 
 def dim_size(view: GraphView, node: Any, dim: int) -> Any:

@@ -41,7 +41,7 @@ def _resolved(call: Call, view: Any) -> bool:
     return True
 
 
-@rule(Op(("split", "cat", "stack", "unbind")).such_that(_needs_canonical_form), kind="canonicalize", priority=0)
+@rule(Op(("split", "cat", "stack", "unbind")).such_that(_needs_canonical_form), kind="canonicalize", stage="canonicalize")
 def canonicalize_split_cat_args(m, b):
     """Spell split/cat/stack/unbind canonically: dims >= 0, Aten-IR split sizes as lists.
 

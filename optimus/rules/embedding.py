@@ -310,10 +310,16 @@ def _packed_indices(g: Group) -> list[list[Any]]:
     ("embedding", "embedding_bag"),
     key=_lookup_key,
     where=[_every_lookup_supported, _on_a_gpu, _fewer_launches],
-    priority=100,
+    stage="batch_lookups",
     options={"deterministic": True},
     copies=_packed_indices,
     custom_op=True,
+    # Not yet run under CUDA graph capture. There an op's cached device tables must not stay
+    # alive in the graph's pool (cudagraph trees refuse the first replay: "tensors in the
+    # cudagraph pool not tracked as outputs"); the grouped-linear and layer-norm ops allocate
+    # theirs off the routed thread (kernels/runtime/tables.py) and run under capture, this op
+    # has not been run there.
+    cudagraph_safe=False,
 )
 def group_embedding_lookups(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     """Independent embedding lookups on different tables become one grouped lookup.

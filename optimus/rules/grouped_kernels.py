@@ -55,7 +55,7 @@ Levels:
   on, so the LayerNorm rule is Torch-IR only.
 
 Uniform groups (every member of one shape) are left to the bmm / stack rules, which run
-first (lower priority number); a uniform group that reaches these rules is declined.
+first (same stage, family imported earlier); a uniform group that reaches these rules is declined.
 The packs are copies (one kernel each) unless the operands already lie packed; the
 profitability check counts them, as ``horizontal._profitable`` counts stacks.
 """
@@ -458,10 +458,11 @@ def _linear_shapes_differ(g: Group) -> str | None:
     key=_linear_key,
     levels=("torch_ir",),
     where=[_on_a_gpu, _linear_shapes_differ, _static_rows],
-    priority=112,
+    stage="batch_matmuls",
     options={"max_pack_bytes": MAX_PACK_BYTES},
     copies=_linear_copies,
     custom_op=True,
+    reads_packed_parameters=True,  # optimus::grouped_linear_params reads concatenated weights in place
 )
 def grouped_linear(g: Group, b: Builder) -> dict[fx.Node, fx.Node]:
     """Independent linears of different (K, N) become one grouped-linear kernel call,
@@ -531,7 +532,7 @@ def _mm_shapes_differ(g: Group) -> str | None:
     key=_mm_key,
     levels=("aten_ir",),
     where=[_on_a_gpu, _graph_allows_grouping, _mm_shapes_differ, _no_long_reduction],
-    priority=112,
+    stage="batch_matmuls",
     options={"max_pack_bytes": MAX_PACK_BYTES, "backward_graphs": False},
     copies=_mm_copies,
     custom_op=True,
@@ -586,10 +587,11 @@ def _layer_norm_shapes_differ(g: Group) -> str | None:
     key=_layer_norm_key,
     levels=("torch_ir",),
     where=[_on_a_gpu, _layer_norm_shapes_differ, _static_rows],
-    priority=122,
+    stage="batch_norms",
     options={"max_pack_bytes": MAX_PACK_BYTES},
     copies=_layer_norm_copies,
     custom_op=True,
+    reads_packed_parameters=True,  # optimus::batched_layer_norm_params reads concatenated affines in place
 )
 def batched_layer_norm(g: Group, b: Builder) -> dict[fx.Node, fx.Node]:
     """Independent LayerNorms of different widths become one batched-layer-norm kernel call.

@@ -19,10 +19,11 @@ from .. import kernels  # noqa: F401  (importing registers the optimus:: custom 
 from ..core.group import Group, group_rule
 from ..core.pattern import Lit, Op, Var
 from ..core.rule import rule
+from ..core.segments import stack_is_free
 from ..core.symbolic import concrete_int, is_symbolic, known_eq, known_sizes_eq, size_hint, sym_key
 from ..core.view import GraphView, is_int
 from ..core.vocab import POINTWISE, Call, ParamRef, register_extern_op
-from ._facts import emittable_shape, part_of, segment_of
+from ._facts import emittable_shape
 
 MAX_STACK_BYTES = 256 * 2**20
 
@@ -46,39 +47,20 @@ def _sig(view: GraphView, value: Any) -> Hashable:
     return ("const", repr(value))
 
 
-def _stack_is_free(view: GraphView, items: list[Any]) -> bool:
-    """Stacking ``items`` along a new dim 0 costs no copy once vertical rules run: they
-    are the same node, or consecutive parts / equal adjacent ranges of one tensor."""
-    if all(i is items[0] for i in items):
-        return True
-    parts = [part_of(view, i) for i in items]
-    if all(p is not None for p in parts) and len({id(p.source) for p in parts}) == 1:
-        return [p.index for p in parts] == list(range(parts[0].index, parts[0].index + len(parts)))
-    segs = [segment_of(view, i) for i in items]
-    if all(s is not None for s in segs) and len({(id(s.source), s.dim) for s in segs}) == 1:
-        # bounds may be symbolic: equal sizes and adjacency must be provable, not hinted
-        width = segs[0].end - segs[0].start
-        return all(known_eq(s.end - s.start, width) for s in segs) and all(known_eq(a.end, b.start) for a, b in zip(segs, segs[1:]))
-    return False
-
-
-stack_is_free = _stack_is_free  # the planner prices stacks with the same analysis (optimus.planner.estimate)
-
-
 def _copied(g: Group, operand_lists: list[list[Any]]) -> list[list[Any]]:
     """The operand lists a stack copies (a rule's ``copies``: what the planner's memory
     estimate counts)."""
-    return [vs for vs in operand_lists if not _stack_is_free(g.view, vs)]
+    return [vs for vs in operand_lists if not stack_is_free(g.view, vs)]
 
 
 def _launch_count(g: Group, operand_lists: list[list[Any]]) -> tuple[int, int]:
     """(kernels before, kernels after) for a fusion stacking ``operand_lists``."""
-    copies = sum(0 if _stack_is_free(g.view, ops) else 1 for ops in operand_lists)
+    copies = sum(0 if stack_is_free(g.view, ops) else 1 for ops in operand_lists)
     return len(g.members), 1 + copies
 
 
 def _stacked_bytes(g: Group, operand_lists: list[list[Any]]) -> int:
-    return sum(sum(g.nbytes(o) for o in ops) for ops in operand_lists if not _stack_is_free(g.view, ops))
+    return sum(sum(g.nbytes(o) for o in ops) for ops in operand_lists if not stack_is_free(g.view, ops))
 
 
 def _profitable(g: Group, operand_lists: list[list[Any]]) -> None:
@@ -112,6 +94,50 @@ def _broadcast_stack(g: Group, b: Any, values: list[Any], rank: int) -> Any:
 
 
 # --------------------------------------------------------------------------- linear
+def _linear_lhs_key(call: Call, view: GraphView) -> Hashable:
+    x, w, bias = call.args["input"], call.args["weight"], call.args.get("bias")
+    if not isinstance(x, fx.Node) or not isinstance(w, (fx.Node, ParamRef)):
+        return None
+    if len(x.users) < 2:
+        return None  # nothing else reads this input
+    wsig = _sig(view, w)
+    if wsig is None or len(wsig[1]) != 2:
+        return None
+    return ("linear_lhs", id(x), wsig[1][1], wsig[2], wsig[3], bias is not None)
+
+
+def _linear_lhs_copies(g: Group) -> list[list[Any]]:
+    """The weights (and biases) ``batch_linear_lhs`` concatenates: the input is shared."""
+    ws = [c.args["weight"] for c in g.members]
+    bs = [c.args.get("bias") for c in g.members]
+    return _copied(g, [ws] + ([bs] if bs[0] is not None else []))
+
+
+@group_rule("linear", key=_linear_lhs_key, stage="batch_matmuls", options={"max_stack_bytes": MAX_STACK_BYTES}, copies=_linear_lhs_copies)
+def batch_linear_lhs(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
+    """Linears reading the same input become one linear on concatenated weights.
+
+    [linear(x, w_i, b_i)] -> split(linear(x, cat(w_i), cat(b_i)), [n_i], -1)
+    """
+    x = g.members[0].input
+    ws = [b.value(c.args["weight"]) for c in g.members]
+    bs = [c.args.get("bias") for c in g.members]
+    before, after = len(g.members), 2 + (bs[0] is not None)
+    if after >= before:
+        g.decline(f"not profitable: {before} kernels would become {after} (weight concatenation included)")
+    widths = [g.shape(w)[0] for w in ws]
+    if not all(is_int(w) for w in widths):
+        g.decline("weights of symbolic size")
+    weight = b.cat(ws, 0)
+    bias = b.cat([b.value(v) for v in bs], 0) if bs[0] is not None else None
+    if g.view.can_emit("linear"):
+        y = b.linear(x, weight, bias)
+    else:
+        y = b.mm(x, b.permute(weight, [1, 0])) if bias is None else b.addmm(bias, x, b.permute(weight, [1, 0]))
+    outs = b.split(y, widths, g.view.rank(x) - 1)
+    return {c.node: o for c, o in zip(g.members, outs)}
+
+
 def _lies_packed(view: GraphView, items: list[Any]) -> bool:
     """The members are parameters (graph inputs) lying packed in one storage, member ``i``
     at ``offset_0 + i * slot`` (``optimus.pack_parameters``): Dynamo's fake parameters keep
@@ -168,7 +194,17 @@ def _linear_copies(g: Group) -> list[list[Any]]:
     return _copied(g, _linear_operands(g)[1])
 
 
-@group_rule("linear", key=_linear_key, priority=110, options={"max_stack_bytes": MAX_STACK_BYTES, "packed_weights": True}, copies=_linear_copies)
+@group_rule(
+    "linear",
+    key=_linear_key,
+    stage="batch_matmuls",
+    options={"max_stack_bytes": MAX_STACK_BYTES, "packed_weights": True},
+    copies=_linear_copies,
+    reads_packed_parameters=True,  # packed weights: optimus::packed_linear reads them in place
+    # packed_linear runs correctly under CUDA graphs but was not faster there (H200: towers32
+    # 1.16x -> 0.99x Inductor's CUDA graphs): there packed weights are stacked
+    cudagraph_options={"torch_ir": {"packed_weights": False}},
+)
 def batch_linear(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     """Linears of identical shapes on different inputs become one batched matmul.
 
@@ -215,50 +251,6 @@ def batch_linear(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     return _unbind_results(g, b, y)
 
 
-def _linear_lhs_key(call: Call, view: GraphView) -> Hashable:
-    x, w, bias = call.args["input"], call.args["weight"], call.args.get("bias")
-    if not isinstance(x, fx.Node) or not isinstance(w, (fx.Node, ParamRef)):
-        return None
-    if len(x.users) < 2:
-        return None  # nothing else reads this input
-    wsig = _sig(view, w)
-    if wsig is None or len(wsig[1]) != 2:
-        return None
-    return ("linear_lhs", id(x), wsig[1][1], wsig[2], wsig[3], bias is not None)
-
-
-def _linear_lhs_copies(g: Group) -> list[list[Any]]:
-    """The weights (and biases) ``batch_linear_lhs`` concatenates: the input is shared."""
-    ws = [c.args["weight"] for c in g.members]
-    bs = [c.args.get("bias") for c in g.members]
-    return _copied(g, [ws] + ([bs] if bs[0] is not None else []))
-
-
-@group_rule("linear", key=_linear_lhs_key, priority=105, options={"max_stack_bytes": MAX_STACK_BYTES}, copies=_linear_lhs_copies)
-def batch_linear_lhs(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
-    """Linears reading the same input become one linear on concatenated weights.
-
-    [linear(x, w_i, b_i)] -> split(linear(x, cat(w_i), cat(b_i)), [n_i], -1)
-    """
-    x = g.members[0].input
-    ws = [b.value(c.args["weight"]) for c in g.members]
-    bs = [c.args.get("bias") for c in g.members]
-    before, after = len(g.members), 2 + (bs[0] is not None)
-    if after >= before:
-        g.decline(f"not profitable: {before} kernels would become {after} (weight concatenation included)")
-    widths = [g.shape(w)[0] for w in ws]
-    if not all(is_int(w) for w in widths):
-        g.decline("weights of symbolic size")
-    weight = b.cat(ws, 0)
-    bias = b.cat([b.value(v) for v in bs], 0) if bs[0] is not None else None
-    if g.view.can_emit("linear"):
-        y = b.linear(x, weight, bias)
-    else:
-        y = b.mm(x, b.permute(weight, [1, 0])) if bias is None else b.addmm(bias, x, b.permute(weight, [1, 0]))
-    outs = b.split(y, widths, g.view.rank(x) - 1)
-    return {c.node: o for c, o in zip(g.members, outs)}
-
-
 # ----------------------------------------------------------------------- layer_norm
 def _layer_norm_key(call: Call, view: GraphView) -> Hashable:
     a = call.args
@@ -278,7 +270,7 @@ def _layer_norm_copies(g: Group) -> list[list[Any]]:
     return _copied(g, _layer_norm_operands(g))
 
 
-@group_rule("layer_norm", key=_layer_norm_key, levels=("torch_ir",), priority=120, options={"max_stack_bytes": MAX_STACK_BYTES}, copies=_layer_norm_copies)
+@group_rule("layer_norm", key=_layer_norm_key, levels=("torch_ir",), stage="batch_norms", options={"max_stack_bytes": MAX_STACK_BYTES}, copies=_layer_norm_copies)
 def batch_layer_norm(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     """LayerNorms of one normalized shape become one LayerNorm plus one affine.
 
@@ -378,7 +370,7 @@ def _pointwise_copies(g: Group) -> list[list[Any]]:
     return _copied(g, _pointwise_operands(g)[1])
 
 
-@group_rule(BATCHABLE_POINTWISE, key=_pointwise_key, priority=130, options={"max_stack_bytes": MAX_STACK_BYTES}, knobs={"min_group": 3}, copies=_pointwise_copies)
+@group_rule(BATCHABLE_POINTWISE, key=_pointwise_key, stage="batch_elementwise", options={"max_stack_bytes": MAX_STACK_BYTES, "min_group": 3}, copies=_pointwise_copies)
 def batch_pointwise(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     """Identical elementwise ops on different tensors become one op on their stack.
 
@@ -387,7 +379,7 @@ def batch_pointwise(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     shared), so alpha, rounding_mode, clamp bounds, nan_to_num values and the like stay.
     """
     names, lists = _pointwise_operands(g)
-    if not _stack_is_free(g.view, lists[names.index("input")]):
+    if not stack_is_free(g.view, lists[names.index("input")]):
         g.decline("inputs are separate tensors: stacking them is a copy, and Inductor already fuses elementwise ops into their producers")
     _profitable(g, lists)
     rank = g.view.rank(g.members[0].input)
@@ -427,7 +419,7 @@ def _mm_copies(g: Group) -> list[list[Any]]:
     return _copied(g, _mm_operands(g))
 
 
-@group_rule(("mm", "addmm"), key=_mm_key, levels=("aten_ir",), priority=110, options={"max_stack_bytes": MAX_STACK_BYTES}, copies=_mm_copies)
+@group_rule(("mm", "addmm"), key=_mm_key, levels=("aten_ir",), stage="batch_matmuls", options={"max_stack_bytes": MAX_STACK_BYTES}, copies=_mm_copies)
 def batch_mm(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     """Matmuls of identical shapes become one batched matmul (Aten-IR, forward and backward).
 
@@ -473,7 +465,7 @@ def _feeds_gradients_only(m: Any) -> bool:
     return True
 
 
-@rule(Op("permute", Op("bmm", Var("a"), Var("b")).bind("product"), Lit([0, 2, 1])), where=[_feeds_gradients_only], levels=("aten_ir",), priority=60)
+@rule(Op("permute", Op("bmm", Var("a"), Var("b")).bind("product"), Lit([0, 2, 1])), where=[_feeds_gradients_only], levels=("aten_ir",), stage="convert")
 def transpose_bmm_for_gradient_layout(m: Any, b: Any) -> fx.Node:
     """A transposed batched product handed back as gradients is computed transposed, so
     the gradients arrive in row-major layout (each weight's own strides: AccumulateGrad
@@ -528,7 +520,7 @@ def _not_awaiting_gradient_layout(m: Any) -> bool:
     return not (call is not None and call.op == "permute" and list(call.args.get("dims", ())) == [0, 2, 1])
 
 
-@rule(Op("bmm", Var("a"), Var("b")), where=[_is_long_reduction, _not_awaiting_gradient_layout], kind="horizontal", levels=("aten_ir",), priority=50)
+@rule(Op("bmm", Var("a"), Var("b")), where=[_is_long_reduction, _not_awaiting_gradient_layout], kind="horizontal", levels=("aten_ir",), stage="convert")
 def unbatch_long_reduction_bmm(m: Any, b: Any) -> fx.Node:
     """A batched matmul with a long reduction and small outputs runs as one matmul per
     batch entry: each can split its reduction across the GPU, one batched kernel cannot.

@@ -72,7 +72,7 @@ def _no_longer_lifetimes(m):
 @rule(
     Op("split", Op("cat", Var("tensors"), D).bind("cat"), Var("sizes"), D).bind("split"),
     where=[_no_type_promotion, _sections_align_with_inputs, _no_longer_lifetimes],
-    priority=20,
+    stage="fold",
 )
 def cat_split_to_inputs(m, b):
     """Splitting a cat along its dim at its inputs' boundaries gives back the inputs.
@@ -109,7 +109,7 @@ def _locate(m):
 @rule(
     Op("slice", Op("cat", Var("tensors"), D).bind("cat"), D, Var("start"), Var("end"), Var("step")),
     where=[_no_type_promotion, _range_inside_one_input],
-    priority=20,
+    stage="fold",
 )
 def slice_of_cat_to_input(m, b):
     """A slice of a cat that lies inside one input is a slice of that input.
@@ -131,7 +131,7 @@ def _index_inside_inputs(m):
     return bounds is not None and all(is_int(x) for x in bounds) and 0 <= m.index < bounds[-1]
 
 
-@rule(Op("select", Op("cat", Var("tensors"), D).bind("cat"), D, Var("index")), where=[_no_type_promotion, _index_inside_inputs], priority=20)
+@rule(Op("select", Op("cat", Var("tensors"), D).bind("cat"), D, Var("index")), where=[_no_type_promotion, _index_inside_inputs], stage="fold")
 def select_of_cat_to_input(m, b):
     """Selecting from a cat along its dim selects from the input holding that index.
 

@@ -3,7 +3,8 @@
 Written like every other rule: a pattern over the scheduler-node kinds
 (``optimus.inductor_ir.view``), conditions whose docstrings are the decline reasons, a
 replacement that returns a fusion decision through the builder. Three rules, run after
-Inductor's own fusion, in priority order:
+Inductor's own fusion, in the order this module defines them (their stage is
+``fuse_kernels``):
 
 * ``fuse_producer_consumer`` (vertical): producer/consumer kernels that Inductor's own
   fusion check accepts but its fusion loop left apart;
@@ -21,7 +22,7 @@ reasons ``optimus explain`` shows.
 from __future__ import annotations
 
 from ..core.pattern import Op
-from ..inductor_ir import compat
+from ..inductor_ir import inductor_api
 from ..inductor_ir.rule import FusionBuilder, FusionMatch, fusion_rule
 
 KERNEL = Op(("pointwise", "reduction"))
@@ -91,10 +92,8 @@ def _reductions_within_max_rnumel(m: FusionMatch) -> bool:
     KERNEL,
     pairing="producer_consumer",
     kind="vertical",
-    priority=10,
     where=[_within_max_nodes],
-    options={"max_nodes": 64},
-    knobs={"max_rounds": 10, "relaxed": False},
+    options={"max_nodes": 64, "max_rounds": 10, "relaxed": False},
 )
 def fuse_producer_consumer(m: FusionMatch, b: FusionBuilder):
     """A producer kernel and its consumer that Inductor's own fusion check accepts, but that
@@ -117,11 +116,10 @@ def fuse_producer_consumer(m: FusionMatch, b: FusionBuilder):
     KERNEL,
     pairing="independent",
     kind="horizontal",
-    priority=20,
     where=[_within_max_kernels, _within_max_nodes, _within_max_accesses, _within_max_loads, _within_max_work, _near_in_schedule, _same_cpu_region],
-    options={"max_kernels": 8, "max_nodes": 64, "max_accesses": 64, "max_loads": 64, "max_work": 1 << 24, "max_distance": 64, "memory_increase": None},
+    options={"max_kernels": 8, "max_nodes": 64, "max_accesses": 64, "max_loads": 64, "max_work": 1 << 24, "max_distance": 64, "memory_increase": None,
+             "max_attempts": 64},
     ranges={"max_distance": (0, None)},  # 0: nothing is near enough (the rule off, by its cap)
-    knobs={"max_attempts": 64},
 )
 def fuse_independent_kernels(m: FusionMatch, b: FusionBuilder):
     """Independent kernels over the same iteration space become one kernel.
@@ -136,25 +134,25 @@ def fuse_independent_kernels(m: FusionMatch, b: FusionBuilder):
     pair as one kernel, with its shared-data, distance and peak-memory heuristics
     replaced by this rule's caps. With ``memory_increase`` (``passes="auto"`` sets it) a
     merge that would raise the schedule's estimated peak memory by more is declined
-    (``inductor_ir.passes.ScheduleMemory``).
+    (the planner's ``ScheduleMemory``).
     """
     return b.fuse(m.target, m.candidate)
 
 
 def _combinable(m: FusionMatch) -> bool:
     device = m.anchor.get("device")
-    return device is not None and device.type != "cpu" and compat.combinable(m.anchor.node)
+    return device is not None and device.type != "cpu" and inductor_api.combinable(m.anchor.node)
 
 
 @fusion_rule(
     Op(("pointwise", "reduction")).such_that(_combinable),
     pairing="combo",
     kind="horizontal",
-    priority=30,
     where=[_within_max_kernels, _within_max_accesses, _within_max_loads, _within_max_work, _reductions_within_max_rnumel, _near_in_schedule],
-    options={"max_kernels": 8, "max_accesses": 64, "max_loads": 64, "max_work": 1 << 20, "max_rnumel": 2048, "max_distance": 64, "memory_increase": None},
+    options={"max_kernels": 8, "max_accesses": 64, "max_loads": 64, "max_work": 1 << 20, "max_rnumel": 2048, "max_distance": 64, "memory_increase": None,
+             "max_attempts": 64, "verify_codegen": True, "benchmark": False},
     ranges={"max_distance": (0, None)},  # 0: nothing is near enough (the rule off, by its cap)
-    knobs={"max_attempts": 64, "verify_codegen": True, "benchmark": False},
+    saves_only_launches=True,  # the kernels stay apart, only their launches merge
 )
 def combo_small_kernels(m: FusionMatch, b: FusionBuilder):
     """Independent small kernels that cannot share a loop nest get one launch (GPU).

@@ -99,7 +99,7 @@ def _has_candidate(m) -> bool:
     return False
 
 
-@rule(Op("split", X, S, D).bind("split").such_that(_has_candidate), priority=50, options={"min_chunks": 2})
+@rule(Op("split", X, S, D).bind("split").such_that(_has_candidate), stage="move", options={"min_chunks": 2})
 def hoist_pointwise_through_split(m, b):
     """Elementwise work done on every chunk of a split is done once, before the split.
 
@@ -212,7 +212,7 @@ def _einsum_letters(eq: str):
     return a, b, out
 
 
-@rule(Op("einsum", ANY, Var("operands")).such_that(_is_bmm_like_einsum), levels=("torch_ir",), priority=40)
+@rule(Op("einsum", ANY, Var("operands")).such_that(_is_bmm_like_einsum), levels=("torch_ir",), stage="convert")
 def einsum_to_pointwise(m, b):
     """A batched vector-matrix einsum is a broadcast multiply and a sum.
 
@@ -234,7 +234,7 @@ def _unary_after_cat(m):
     return c is not None and c.op == "cat" and len(src.users) == 1
 
 
-@rule(Op(("relu", "tanh", "sigmoid"), Op("cat", Var("tensors"), D)).such_that(_unary_after_cat), priority=60, default=False)
+@rule(Op(("relu", "tanh", "sigmoid"), Op("cat", Var("tensors"), D)).such_that(_unary_after_cat), stage="move", default=False)
 def sink_pointwise_into_cat(m, b):
     """Upstream's sink_cat_after_pointwise: a unary op after a cat moves onto its inputs.
 
@@ -250,7 +250,7 @@ def _inactive(m):
     return m.anchor.args.get("training") is False or m.anchor.args.get("p") == 0
 
 
-@rule(Op("dropout", Var("x"), ANY, ANY).such_that(_inactive), priority=15)
+@rule(Op("dropout", Var("x"), ANY, ANY).such_that(_inactive), stage="remove")
 def remove_inactive_dropout(m, b):
     """Dropout that drops nothing (eval mode, or p == 0) is its input.
 

@@ -6,7 +6,8 @@ from ..core.pattern import ANY, Op, Var
 from ..core.rule import rule
 from ..core.symbolic import known_eq
 from ..core.view import is_int
-from ._facts import covers, dim_size, segment_of
+from ..core.segments import segment_of
+from ._facts import covers, dim_size
 
 
 def _slices_a_range_on_same_dim(m):
@@ -15,7 +16,7 @@ def _slices_a_range_on_same_dim(m):
     return seg is not None and seg.dim == a["dim"] and a["step"] == 1 and is_int(a["start"]) and is_int(a["end"])
 
 
-@rule(Op("slice", Var("inner"), Var("dim"), Var("start"), Var("end"), Var("step")).such_that(_slices_a_range_on_same_dim), priority=20)
+@rule(Op("slice", Var("inner"), Var("dim"), Var("start"), Var("end"), Var("step")).such_that(_slices_a_range_on_same_dim), stage="fold")
 def fold_slice_of_range(m, b):
     """A slice of a range of x (a slice or a split chunk) is one slice of x.
 
@@ -35,7 +36,7 @@ def _selects_from_a_range_on_same_dim(m):
     return seg is not None and seg.dim == a["dim"] and is_int(a["index"]) and a["index"] >= 0
 
 
-@rule(Op("select", Var("inner"), Var("dim"), Var("index")).such_that(_selects_from_a_range_on_same_dim), priority=20)
+@rule(Op("select", Var("inner"), Var("dim"), Var("index")).such_that(_selects_from_a_range_on_same_dim), stage="fold")
 def fold_select_of_range(m, b):
     """Selecting from a range of x selects from x.
 
@@ -50,7 +51,7 @@ def _full_range(m):
     return a.get("step", 1) == 1 and known_eq(a["start"], 0) and known_eq(a["end"], dim_size(m.view, a["input"], a["dim"]))
 
 
-@rule(Op("slice", Var("x"), ANY, ANY, ANY, ANY).such_that(_full_range), priority=15)
+@rule(Op("slice", Var("x"), ANY, ANY, ANY, ANY).such_that(_full_range), stage="remove")
 def remove_full_slice(m, b):
     """A slice over the whole dim is the tensor itself.
 

@@ -13,7 +13,8 @@ from ..core.rule import rule
 from ..core.symbolic import known_eq
 from ..core.safety import MAY_ALIAS_OPS
 from ..core.view import is_int, num_outputs
-from ._facts import STACK_SPELLINGS, adjacent_runs, covers, emittable_shape, permute_for_movedim, resolvable, segment_of, stack_of
+from ..core.segments import segment_of
+from ._facts import STACK_SPELLINGS, adjacent_runs, covers, emittable_shape, permute_for_movedim, resolvable, stack_of
 
 X, S, D, I = Var("x"), Var("sizes"), Var("dim"), Var("index")
 CHUNKS = ListOf(Op("getitem", Op("split", X, S, D).bind("split"), Each("index")))
@@ -34,7 +35,7 @@ def _one_section(m):
     return isinstance(sizes, list) and len(sizes) == 1
 
 
-@rule(Op("split", X, S, D).bind("split").such_that(_one_section), where=[_only_getitem_users], priority=10)
+@rule(Op("split", X, S, D).bind("split").such_that(_one_section), where=[_only_getitem_users], stage="remove")
 def remove_single_section_split(m, b):
     """A split into one section is its input.
 
@@ -49,7 +50,7 @@ def _chunks_cover_split_in_order(m):
     return n is not None and m.index == list(range(n))
 
 
-@rule(Op("cat", CHUNKS, D), where=[_chunks_cover_split_in_order], priority=20)
+@rule(Op("cat", CHUNKS, D), where=[_chunks_cover_split_in_order], stage="fold")
 def split_cat_to_identity(m, b):
     """Concatenating every chunk of a split, in order, along the split dim gives back its input.
 
@@ -79,7 +80,7 @@ def _returned_beside_its_input(m):
     return _returned(m.anchor.node) and _visible_to_the_caller(m.view, m.x)
 
 
-@rule(Op("cat", CHUNKS, D), where=[_chunks_cover_split_in_order, _returned_beside_its_input], levels=("aten_ir",), kind="canonicalize", priority=21)
+@rule(Op("cat", CHUNKS, D), where=[_chunks_cover_split_in_order, _returned_beside_its_input], levels=("aten_ir",), kind="canonicalize", stage="fold")
 def split_cat_to_clone(m, b):
     """A returned cat of every chunk of a split, in order, whose input the caller also sees,
     is a fresh copy of that input.
@@ -104,7 +105,7 @@ def _has_adjacent_run(m):
     return any(j - i >= 2 and segs[i] is not None for i, j in adjacent_runs(segs, dim))
 
 
-@rule(Op("cat", Var("tensors"), D).such_that(_has_adjacent_run), options={"min_run": 2}, priority=25)
+@rule(Op("cat", Var("tensors"), D).such_that(_has_adjacent_run), options={"min_run": 2}, stage="fold")
 def cat_adjacent_segments(m, b):
     """Adjacent ranges of one tensor inside a cat become one slice (a view, no copy).
 
@@ -153,7 +154,7 @@ def _cat_dim_differs(m):
 @rule(
     Op("cat", CHUNKS, Var("cat_dim")).such_that(_cat_dim_differs),
     where=[_chunks_cover_split_in_order, _equal_sections, _shape_emittable],
-    priority=30,
+    stage="fold",
 )
 def split_cat_other_dim_to_view(m, b):
     """All chunks of an equal split, concatenated along another dim, are one reshape.
@@ -188,7 +189,7 @@ def _stacked_equal_chunks(call, view):
     return None
 
 
-@rule(Op(STACK_SPELLINGS).such_that(lambda m: _stacked_equal_chunks(m.anchor, m.view) is not None), priority=30)
+@rule(Op(STACK_SPELLINGS).such_that(lambda m: _stacked_equal_chunks(m.anchor, m.view) is not None), stage="fold")
 def split_stack_to_view(m, b):
     """Stacking every chunk of an equal split is a reshape (and a permute).
 
@@ -225,7 +226,7 @@ def _chunks_only_squeezed(m):
     return True
 
 
-@rule(Op("split", X, S, D).bind("split").such_that(_sizes_all_one), where=[_chunks_only_squeezed], priority=40)
+@rule(Op("split", X, S, D).bind("split").such_that(_sizes_all_one), where=[_chunks_only_squeezed], stage="convert")
 def split_squeeze_to_unbind(m, b):
     """Size-1 chunks squeezed along the split dim are an unbind.
 
@@ -253,7 +254,7 @@ def _outer_only_getitem_users(m):
 @rule(
     Op("split", Op("getitem", Op("split", X, S, D).bind("outer"), I).bind("chunk"), Var("inner_sizes"), D).bind("inner"),
     where=[_inner_split_sizes_known, _chunk_only_feeds_inner_split, _outer_only_getitem_users],
-    priority=30,
+    stage="fold",
 )
 def merge_splits(m, b):
     """A split of one chunk of a split, along the same dim, is one split.

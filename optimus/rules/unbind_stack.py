@@ -12,7 +12,8 @@ from ..core.pattern import ANY, Op, Var
 from ..core.rule import rule
 from ..core.symbolic import known_eq
 from ..core.view import getitem_users
-from ._facts import STACK_SPELLINGS, dim_size, emittable_shape, part_of, permute_for_movedim, stack_of
+from ..core.segments import part_of
+from ._facts import STACK_SPELLINGS, dim_size, emittable_shape, permute_for_movedim, stack_of
 
 
 def _consecutive_parts(view, items):
@@ -40,7 +41,7 @@ def _stacks_consecutive_parts(m):
     return stacked is not None and _consecutive_parts(m.view, stacked[0]) is not None
 
 
-@rule(Op(STACK_SPELLINGS).such_that(_stacks_consecutive_parts), priority=30)
+@rule(Op(STACK_SPELLINGS).such_that(_stacks_consecutive_parts), stage="fold")
 def unbind_stack_to_view(m, b):
     """Stacking consecutive parts of a tensor is the tensor (a view), its dim moved.
 
@@ -59,7 +60,7 @@ def _cats_consecutive_parts(m):
     return stack_of(m.view, m.anchor) is None and _consecutive_parts(m.view, m.anchor.args["tensors"]) is not None
 
 
-@rule(Op("cat", Var("tensors"), Var("cat_dim")).such_that(_cats_consecutive_parts), priority=30)
+@rule(Op("cat", Var("tensors"), Var("cat_dim")).such_that(_cats_consecutive_parts), stage="fold")
 def unbind_cat_to_view(m, b):
     """Concatenating consecutive parts of a tensor is one reshape of it.
 
@@ -89,7 +90,7 @@ def _stack_keeps_dtypes(m):
     return want is not None and all(m.dtype(t) == want for t in items)
 
 
-@rule(Op("unbind", Var("stacked"), ANY).bind("unbind").such_that(_unbinds_a_stack_on_its_dim), where=[_stack_keeps_dtypes], priority=20)
+@rule(Op("unbind", Var("stacked"), ANY).bind("unbind").such_that(_unbinds_a_stack_on_its_dim), where=[_stack_keeps_dtypes], stage="fold")
 def stack_unbind_to_inputs(m, b):
     """Unbinding a stack along its stack dim gives back the stacked tensors.
 
@@ -106,7 +107,7 @@ def _selects_from_a_stack_on_its_dim(m):
     return stacked is not None and stacked[1] == m.anchor.args["dim"] and isinstance(i, int) and 0 <= i < len(stacked[0])
 
 
-@rule(Op("select", Var("stacked"), ANY, Var("index")).such_that(_selects_from_a_stack_on_its_dim), where=[_stack_keeps_dtypes], priority=20)
+@rule(Op("select", Var("stacked"), ANY, Var("index")).such_that(_selects_from_a_stack_on_its_dim), where=[_stack_keeps_dtypes], stage="fold")
 def select_of_stack_to_input(m, b):
     """Selecting index i of a stack along its stack dim is the i-th stacked tensor.
 

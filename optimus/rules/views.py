@@ -15,7 +15,7 @@ def _same_shape_as_input(m):
     return known_sizes_eq(m.shape(m.anchor.node), m.shape(m.anchor.args["input"]))
 
 
-@rule(Op(RESHAPES, Var("x"), ANY).such_that(_same_shape_as_input), priority=15)
+@rule(Op(RESHAPES, Var("x"), ANY).such_that(_same_shape_as_input), stage="remove")
 def remove_identity_reshape(m, b):
     """A view/reshape to the shape the tensor already has is the tensor.
 
@@ -29,7 +29,7 @@ def _inner_has_one_user(m):
     return len(m.inner.users) == 1
 
 
-@rule(Op(RESHAPES, Op(RESHAPES, Var("x"), ANY).bind("inner"), ANY), where=[_inner_has_one_user], priority=20)
+@rule(Op(RESHAPES, Op(RESHAPES, Var("x"), ANY).bind("inner"), ANY), where=[_inner_has_one_user], stage="fold")
 def fold_reshape_chain(m, b):
     """Two reshapes in a row are one.
 
@@ -75,7 +75,7 @@ def _identity_permutation(m):
         return False
 
 
-@rule(Op(PERMUTES, Var("x")).such_that(_identity_permutation), priority=15)
+@rule(Op(PERMUTES, Var("x")).such_that(_identity_permutation), stage="remove")
 def remove_identity_permute(m, b):
     """A permutation that keeps every dim in place is the tensor.
 
@@ -89,7 +89,7 @@ def _ranks_known(m):
     return m.rank(m.x) is not None and len(m.inner.users) == 1
 
 
-@rule(Op(PERMUTES, Op(PERMUTES, Var("x")).bind("inner")), where=[_ranks_known], priority=20)
+@rule(Op(PERMUTES, Op(PERMUTES, Var("x")).bind("inner")), where=[_ranks_known], stage="fold")
 def fold_permute_chain(m, b):
     """Two permutations in a row are one (or none).
 
@@ -107,7 +107,7 @@ def _squeezes_the_unsqueezed_dim(m):
     return m.dims == (m.dim,)
 
 
-@rule(Op("squeeze", Op("unsqueeze", Var("x"), Var("dim")), Var("dims")), where=[_squeezes_the_unsqueezed_dim], priority=15)
+@rule(Op("squeeze", Op("unsqueeze", Var("x"), Var("dim")), Var("dims")), where=[_squeezes_the_unsqueezed_dim], stage="fold")
 def cancel_unsqueeze_squeeze(m, b):
     """Removing the dim just added is the identity.
 
@@ -122,7 +122,7 @@ def _unsqueezes_the_squeezed_dim(m):
     return m.dims == (m.dim,) and shape is not None and m.dim < len(shape) and known_eq(shape[m.dim], 1)
 
 
-@rule(Op("unsqueeze", Op("squeeze", Var("x"), Var("dims")), Var("dim")), where=[_unsqueezes_the_squeezed_dim], priority=15)
+@rule(Op("unsqueeze", Op("squeeze", Var("x"), Var("dims")), Var("dim")), where=[_unsqueezes_the_squeezed_dim], stage="fold")
 def cancel_squeeze_unsqueeze(m, b):
     """Restoring a size-1 dim just removed is the identity.
 
@@ -142,7 +142,7 @@ def _inserted_unit_dim(call, view):
     return None
 
 
-@rule(Op(RESHAPES, Var("x"), ANY).such_that(lambda m: _inserted_unit_dim(m.anchor, m.view) is not None), kind="canonicalize", priority=5)
+@rule(Op(RESHAPES, Var("x"), ANY).such_that(lambda m: _inserted_unit_dim(m.anchor, m.view) is not None), kind="canonicalize", stage="canonicalize")
 def reshape_to_unsqueeze(m, b):
     """A reshape that only inserts a size-1 dim is an unsqueeze (so stack patterns see it).
 

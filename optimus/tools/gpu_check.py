@@ -365,9 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Optimus Inductor-IR GPU check: torch {env['torch']}, triton {env['triton']}, {env['device']}")
     print("configs: fx = Torch-IR + Aten-IR rules, inductor_ir off; all = fx + Inductor-IR rules")
     print("kernels = CUDA kernel launches per step (torch.profiler); max err = max relative error of outputs/grads vs eager (TF32 off)\n")
-    from optimus.inductor_ir import compat
+    from optimus.inductor_ir import inductor_api
 
-    ok, why = compat.hooks_supported()
+    ok, why = inductor_api.hooks_supported()
     if not ok:
         print(f"Inductor-IR unsupported on this torch: {why}")
     cache = None

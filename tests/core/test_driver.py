@@ -131,7 +131,7 @@ def test_level_rollback_when_driver_crashes(monkeypatch):
         self.graph.erase_node  # noqa: B018
         raise RuntimeError("driver bug")
 
-    monkeypatch.setattr(driver.Driver, "run", crash)
+    monkeypatch.setattr(driver.FxDriver, "run", crash)
     gm = torch.fx.symbolic_trace(lambda x: torch.cat(torch.split(x, [2, 2], 1), 1) + 1)
     before = len(gm.graph.nodes)
     optimus.optimize(gm, example_inputs=[torch.randn(2, 4)])
@@ -157,13 +157,13 @@ def _graph_at(level, fn, x):
 
 
 def _drive(level, gm, names, reverse):
-    from optimus.core.driver import Driver
+    from optimus.core.driver import FxDriver
     from optimus.core.registry import resolve
     from optimus.core.report import GraphReport
 
     config = resolve(names)
     rules = [(r, config.options_for(level, r)) for r in config.rules_for(level)]
-    driver = Driver(make_view(level, gm), rules, GraphReport(level, "test"), reverse=reverse)
+    driver = FxDriver(make_view(level, gm), rules, GraphReport(level, "test"), reverse=reverse)
     driver.run()
     gm.graph.lint()
     gm.recompile()

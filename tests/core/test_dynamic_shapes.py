@@ -104,14 +104,14 @@ def test_level_rollback_keeps_dynamo_sources_and_the_compile_works(monkeypatch):
     leave a graph AOTAutograd and Inductor still compile (dynamic=True)."""
     from optimus.core import driver
 
-    real_run = driver.Driver.run
+    real_run = driver.FxDriver.run
 
     def run_then_crash(self):
         real_run(self)
         if self.view.level == "torch_ir":
             raise RuntimeError("driver bug after rewriting")
 
-    monkeypatch.setattr(driver.Driver, "run", run_then_crash)
+    monkeypatch.setattr(driver.FxDriver, "run", run_then_crash)
     model = DropoutHeads().eval()  # no randomness: outputs compare with eager
     compiled = optimus.compile(model, dynamic=True)
     x = torch.randn(5, 8)

@@ -19,9 +19,9 @@ def traced(fn, *inputs):
     return gm, make_view("torch_ir", gm)
 
 
-def groups_of(gm, view, rule_name, **knobs):
+def groups_of(gm, view, rule_name, **given):
     rule = REGISTRY.get(rule_name)
-    options = {**rule.option_defaults(), **knobs}
+    options = {**rule.option_defaults(), **given}
     declined = []
     groups = find_groups(view, rule, options, lambda n: None, lambda n, r: declined.append((n.name, r)))
     return [[m.name for m in g.nodes] for g in groups], declined

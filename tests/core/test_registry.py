@@ -1,7 +1,7 @@
 import pytest
 
 import optimus
-from optimus.core.registry import PRESETS, REGISTRY, resolve
+from optimus.core.registry import PRESETS, REGISTRY, STAGES, resolve
 
 
 def test_presets_select_kinds():
@@ -47,11 +47,40 @@ def test_wrong_types_are_clear():
         resolve({"torch_ir": {"merge_splits": {"threshold": 3}}})
 
 
-def test_order_follows_priority():
+def test_order_follows_stages_then_registration():
     names = resolve("all").rules["torch_ir"]
-    prios = [REGISTRY.get(n).priority for n in names]
-    assert prios == sorted(prios)
+    ranks = [list(STAGES).index(REGISTRY.get(n).stage) for n in names]
+    assert ranks == sorted(ranks)
     assert names[0] == "canonicalize_split_cat_args"
+    order = list(REGISTRY._order)
+    for a, b in zip(names, names[1:]):
+        if REGISTRY.get(a).stage == REGISTRY.get(b).stage:
+            assert order.index(a) < order.index(b), (a, b)  # within a stage: as registered
+
+
+def test_families_register_in_the_listed_order():
+    """``optimus/rules/__init__.py`` imports the families in the order of ``FAMILIES``
+    (within a stage, that order is the rules' order): a family importing another must not
+    register it early."""
+    from optimus import rules
+
+    first: dict[str, int] = {}
+    for i, name in enumerate(REGISTRY._order):
+        if name in REGISTRY:
+            first.setdefault(REGISTRY.get(name).replace.__module__, i)
+    builtin = [m for m in sorted(first, key=first.__getitem__) if m.startswith("optimus.rules.")]
+    assert builtin == [f.__name__ for f in rules.FAMILIES]
+
+
+def test_a_stage_is_named_and_priority_or_knobs_are_refused_with_the_reason():
+    from optimus import Op, Var
+
+    with pytest.raises(ValueError, match="stage must be one of"):
+        optimus.rule(Op("relu", Var("x")), stage="early", register=False)(lambda m, b: m.x)
+    with pytest.raises(TypeError, match="takes no priority: a rule names its stage"):
+        optimus.rule(Op("relu", Var("x")), priority=3, register=False)(lambda m, b: m.x)
+    with pytest.raises(TypeError, match="takes no knobs: every setting of a rule is an option"):
+        optimus.rule(Op("relu", Var("x")), knobs={"min_group": 3}, register=False)(lambda m, b: m.x)
 
 
 def test_fingerprint_tracks_selection_and_options():

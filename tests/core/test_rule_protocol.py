@@ -1,5 +1,5 @@
 """One rule protocol for every level: the base, its three kinds, conditions, filters,
-options and knobs, fingerprints, and the order rules run in."""
+options, fingerprints, and the order rules run in."""
 
 import pytest
 import torch
@@ -7,43 +7,16 @@ import torch
 import optimus
 from optimus import Op, Var
 from optimus.core.group import GroupRule, group_rule
-from optimus.core.registry import REGISTRY, resolve
+from optimus.core.registry import REGISTRY, STAGES, resolve
 from optimus.core.rule import PatternRule, Rule, rule, unmet
 from optimus.inductor_ir.rule import FusionRule, fusion_rule
 
-# The order the driver tries rules in, per level, recorded before the three kinds of rule
-# shared one base: the refactor kept every rule's place.
-ORDER = {
-    "torch_ir": [
-        "canonicalize_split_cat_args", "reshape_to_unsqueeze", "remove_single_section_split", "remove_inactive_dropout",
-        "remove_full_slice", "remove_identity_reshape", "remove_identity_permute", "cancel_unsqueeze_squeeze",
-        "cancel_squeeze_unsqueeze", "cat_split_to_inputs", "slice_of_cat_to_input", "select_of_cat_to_input",
-        "fold_slice_of_range", "fold_select_of_range", "split_cat_to_identity", "stack_unbind_to_inputs",
-        "select_of_stack_to_input", "fold_reshape_chain", "fold_permute_chain", "cat_adjacent_segments",
-        "split_cat_other_dim_to_view", "split_stack_to_view", "merge_splits", "unbind_stack_to_view",
-        "unbind_cat_to_view", "einsum_to_pointwise", "split_squeeze_to_unbind", "hoist_pointwise_through_split",
-        "sink_pointwise_into_cat", "batch_linear_lhs", "batch_linear", "batch_layer_norm", "batch_pointwise",
-    ],
-    "aten_ir": [
-        "canonicalize_split_cat_args", "reshape_to_unsqueeze", "remove_single_section_split", "remove_inactive_dropout",
-        "remove_full_slice", "remove_identity_reshape", "remove_identity_permute", "cancel_unsqueeze_squeeze",
-        "cancel_squeeze_unsqueeze", "cat_split_to_inputs", "slice_of_cat_to_input", "select_of_cat_to_input",
-        "fold_slice_of_range", "fold_select_of_range", "split_cat_to_identity", "stack_unbind_to_inputs",
-        "select_of_stack_to_input", "fold_reshape_chain", "fold_permute_chain", "cat_adjacent_segments",
-        "split_cat_other_dim_to_view", "split_stack_to_view", "merge_splits", "unbind_stack_to_view",
-        "unbind_cat_to_view", "split_squeeze_to_unbind", "hoist_pointwise_through_split", "sink_pointwise_into_cat",
-        "batch_linear_lhs", "batch_linear", "batch_mm", "batch_pointwise",
-    ],
-    "inductor_ir": ["fuse_producer_consumer", "fuse_independent_kernels", "combo_small_kernels"],
-}
-
-
-def test_per_level_rule_order_is_unchanged():
-    builtin = {name for names in ORDER.values() for name in names}
-    for level, names in ORDER.items():
-        assert [r.name for r in REGISTRY.rules(level) if r.name in builtin] == names, level
-        prios = [REGISTRY.get(n).priority for n in names]
-        assert prios == sorted(prios), f"{level}: lower priority runs first"
+def test_rules_list_by_stage():
+    """The registry lists a level's rules stage by stage (the order at each anchor, which
+    is what the drivers use, is recorded in ``test_rule_order.py``)."""
+    for level in ("torch_ir", "aten_ir", "inductor_ir"):
+        ranks = [list(STAGES).index(r.stage) for r in REGISTRY.rules(level)]
+        assert ranks == sorted(ranks), level
 
 
 def test_three_kinds_one_base_one_catalogue():
@@ -52,7 +25,7 @@ def test_three_kinds_one_base_one_catalogue():
     for r in REGISTRY.rules():
         assert isinstance(r, Rule)
         assert r.anchors and r.doc and len(r.fingerprint()) == 16
-        assert set(r.option_defaults()) == set(r.options) | set(r.knobs)
+        assert set(r.class_options()) <= set(r.option_defaults()) == set(r.options)
     assert isinstance(REGISTRY.get("merge_splits"), PatternRule)
     assert isinstance(REGISTRY.get("batch_linear"), GroupRule)
     assert isinstance(REGISTRY.get("fuse_independent_kernels"), FusionRule)
@@ -66,21 +39,20 @@ def test_rule_constructor_still_builds_pattern_rules():
         Rule(name="test_no_kind", replace=lambda m, b: None)
 
 
-def test_knobs_are_declared_apart_from_options():
-    assert GroupRule.KNOBS == {"min_group": 2, "max_group": 256, "max_span": 4096}
+def test_a_rules_class_gives_it_the_options_its_driver_reads():
+    assert GroupRule.CLASS_OPTIONS == {"min_group": 2, "max_group": 256, "max_span": 4096}
     batch = REGISTRY.get("batch_pointwise")
-    assert batch.knobs == {"min_group": 3, "max_group": 256, "max_span": 4096} and "min_group" not in batch.options
+    assert batch.option_defaults() == {"min_group": 3, "max_group": 256, "max_span": 4096, "max_stack_bytes": 256 * 2**20}
     fusion = REGISTRY.get("fuse_producer_consumer")
-    assert fusion.knobs == {"max_rounds": 10, "relaxed": False} and fusion.options == {"max_nodes": 64}
-    assert set(REGISTRY.get("combo_small_kernels").knobs) == {"max_attempts", "verify_codegen", "benchmark"}
+    assert fusion.option_defaults() == {"max_rounds": 10, "relaxed": False, "max_nodes": 64}
+    assert {"max_attempts", "verify_codegen", "benchmark"} <= set(REGISTRY.get("combo_small_kernels").option_defaults())
     key = lambda call, view: None  # noqa: E731
-    with pytest.raises(ValueError, match="pass them as knobs="):
-        group_rule("relu", key=key, options={"min_group": 4}, register=False)(lambda g, b: {})
-    with pytest.raises(ValueError, match="not knobs its driver reads"):
-        group_rule("relu", key=key, knobs={"max_rounds": 4}, register=False)(lambda g, b: {})
-    with pytest.raises(ValueError, match="not knobs"):
-        rule(Op("relu", Var("x")), knobs={"min_group": 2}, register=False)(lambda m, b: m.x)
-    # users set knobs per rule like options; both reach the driver's view of the rule
+    mine = group_rule("relu", key=key, options={"min_group": 4, "mine": 1}, register=False)(lambda g, b: {})
+    assert mine.option_defaults() == {"min_group": 4, "max_group": 256, "max_span": 4096, "mine": 1}
+    with pytest.raises(ValueError, match="'min_group' must be >= 2"):
+        group_rule("relu", key=key, options={"min_group": 1}, register=False)(lambda g, b: {})
+    assert "min_group" not in rule(Op("relu", Var("x")), register=False)(lambda m, b: m.x).option_defaults()
+    # users set any of them per rule; all reach the driver's view of the rule
     cfg = resolve({"torch_ir": {"batch_pointwise": {"min_group": 5, "max_stack_bytes": 1024}}})
     opts = cfg.options_for("torch_ir", batch)
     assert opts["min_group"] == 5 and opts["max_stack_bytes"] == 1024 and opts["max_group"] == 256
@@ -150,10 +122,10 @@ def test_fingerprint_follows_code_options_and_filters():
     assert base.fingerprint() == make(filter_a).fingerprint()
     assert base.fingerprint() != make(filter_b).fingerprint()  # the filter's code is keyed
     assert base.fingerprint() != make(filter_a, {"n": 1}).fingerprint()
-    assert base.fingerprint() != make(filter_a, priority=7).fingerprint()
+    assert base.fingerprint() != make(filter_a, stage="convert").fingerprint()
     g1 = group_rule("relu", key=lambda c, v: 1, register=False)(lambda g, b: {})
-    g2 = group_rule("relu", key=lambda c, v: 1, knobs={"min_group": 3}, register=False)(lambda g, b: {})
+    g2 = group_rule("relu", key=lambda c, v: 1, options={"min_group": 3}, register=False)(lambda g, b: {})
     assert g1.fingerprint() != g2.fingerprint()
     f1 = fusion_rule(Op("pointwise"), name="test_f", register=False)(lambda m, b: b.fuse(m.target, m.candidate))
-    f2 = fusion_rule(Op("pointwise"), name="test_f", knobs={"max_attempts": 3}, register=False)(lambda m, b: b.fuse(m.target, m.candidate))
+    f2 = fusion_rule(Op("pointwise"), name="test_f", options={"max_attempts": 3}, register=False)(lambda m, b: b.fuse(m.target, m.candidate))
     assert f1.fingerprint() != f2.fingerprint()

@@ -254,16 +254,16 @@ def test_modes_work_with_optimus_compile(mode):
 def test_mode_reaches_inductor_config():
     seen = {}
     from torch._inductor import config as inductor_config
-    from optimus import compat
+    from optimus import torch_api
 
-    real = compat.compile_fx_inner
+    real = torch_api.compile_fx_inner
 
     def spy(gm, example_inputs, **kwargs):
         seen["cudagraphs"] = inductor_config.triton.cudagraphs
         seen["max_autotune"] = inductor_config.max_autotune
         return real(gm, example_inputs, **kwargs)
 
-    compat.compile_fx_inner = spy
+    torch_api.compile_fx_inner = spy
     try:
         torch._dynamo.reset()
         with measure.fresh_inductor_cache():
@@ -275,7 +275,7 @@ def test_mode_reaches_inductor_config():
             optimus.compile(Tower(), passes="all", options={"max_autotune": True, "max_autotune_gemm_backends": "ATEN"})(torch.randn(2, 12))
         assert seen["max_autotune"] is True and seen["cudagraphs"] is False
     finally:
-        compat.compile_fx_inner = real
+        torch_api.compile_fx_inner = real
 
 
 def test_registered_backend_takes_mode_and_options():
@@ -331,7 +331,7 @@ def test_dynamo_restart_signals_are_not_failures():
 
 
 def test_passthrough_classes_exist_on_this_torch():
-    names = {c.__name__ for c in optimus.compat.passthrough_exceptions()}
+    names = {c.__name__ for c in optimus.torch_api.passthrough_exceptions()}
     assert {"RestartAnalysis", "SkipFrame"} <= names
 
 
@@ -431,9 +431,9 @@ def test_a_first_call_with_other_autograd_than_eager_recompiles_without_optimus(
 def test_a_fallback_after_the_first_call_marks_the_rewrites_thrown_away(monkeypatch):
     """The compiled program with Optimus fails on its first call: it is compiled again
     without Optimus, and the report's counts, table and notes say so."""
-    from optimus import compat
+    from optimus import torch_api
 
-    real = compat.compile_fx
+    real = torch_api.compile_fx
 
     def failing_with_optimus(gm, example_inputs, inner_compile, options):
         compiled = real(gm, example_inputs, inner_compile, options)
@@ -445,7 +445,7 @@ def test_a_fallback_after_the_first_call_marks_the_rewrites_thrown_away(monkeypa
 
         return first_call_fails
 
-    monkeypatch.setattr(compat, "compile_fx", failing_with_optimus)
+    monkeypatch.setattr(torch_api, "compile_fx", failing_with_optimus)
     torch._dynamo.reset()
     f = lambda t: torch.cat(torch.split(torch.relu(t), 2, 1), 1).tanh()  # noqa: E731
     with torch._inductor.config.patch(fx_graph_cache=False):

@@ -74,10 +74,10 @@ def wrong_rules():
     optimus.rule(
         Op("cat", ListOf(Op("getitem", Op("split", X, S, D).bind("split"), Each("index"))), D),
         where=[_takes_every_chunk],
-        priority=1,
+        stage="canonicalize",
         name=names[0],
     )(_wrong_split_cat)
-    optimus.rule(Op("tanh", X), priority=1, name=names[1])(_wrong_tanh)
+    optimus.rule(Op("tanh", X), stage="canonicalize", name=names[1])(_wrong_tanh)
     try:
         yield names
     finally:

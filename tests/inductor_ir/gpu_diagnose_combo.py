@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 import torch  # noqa: E402
 
 import optimus  # noqa: E402
-from optimus.inductor_ir import compat, legality, passes  # noqa: E402
+from optimus.inductor_ir import inductor_api, legality, passes  # noqa: E402
 
 GRAPHS: list[dict[str, Any]] = []  # one record per scheduled graph of the current run
 REAL_COLLECT = legality.CodegenFacts.collect  # the real facts, also while unguarded
@@ -67,7 +67,7 @@ def _recorder_class(base: type) -> type:
         def _note(self, names: Any) -> None:
             if self.record is None:
                 return
-            sched = getattr(compat.V.graph, "scheduler", None)
+            sched = getattr(inductor_api.V.graph, "scheduler", None)
             node = getattr(sched, "current_node", None)
             where = {"by": _caller(), "while_generating": node.get_name() if node is not None else None}
             for n in list(names):
@@ -94,7 +94,7 @@ def _describe(node: Any, facts: legality.CodegenFacts) -> dict[str, Any]:
     reads = sorted({name for leaf in legality.leaves(node) for name, weak in legality.reads(leaf) if not weak})
     return {
         "name": node.get_name(),
-        "kind": "reduction" if compat.call_safely(node.is_reduction, False) else "pointwise",
+        "kind": "reduction" if inductor_api.call_safely(node.is_reduction, False) else "pointwise",
         "taken_over_ops": [op for op in ops if op in facts.replaced],
         "reads_dropped": [b for b in reads if b in facts.dropped],
         "reads": reads,
@@ -106,25 +106,25 @@ def _hook(session: Any, hook: str, nodes: list[Any]) -> list[Any]:
     if hook != "post_fusion":
         return out
     try:
-        scheduler = compat.current_scheduler()
+        scheduler = inductor_api.current_scheduler()
         facts = REAL_COLLECT(list(nodes))
         record: dict[str, Any] = {
-            "graph": compat.graph_kind(),
+            "graph": inductor_api.graph_kind(),
             "mix_order": [],
             "combos": [],
             "problems": {},
             "removed_by": {},
         }
         for n in nodes:
-            if compat._is_kind(n, "FusedMixOrderReductions"):
-                buffers, ops = compat.codegen_replacements(n)
+            if inductor_api._is_kind(n, "FusedMixOrderReductions"):
+                buffers, ops = inductor_api.codegen_replacements(n)
                 record["mix_order"].append({"name": n.get_name(), "drops": sorted(buffers), "takes_over": sorted(ops)})
         before = {id(n) for n in nodes}
         for n in out:
             if legality.is_combo(n) and id(n) not in before:
                 record["combos"].append([_describe(m, facts) for m in legality.units(n)])
         record["problems"] = dict(collections.Counter(p.kind for p in legality.plan_problems(scheduler, list(out), facts)))
-        graph = compat.V.graph
+        graph = inductor_api.V.graph
         recording = _recorder_class(type(graph.removed_buffers))(graph.removed_buffers)
         recording.record = record
         graph.removed_buffers = recording

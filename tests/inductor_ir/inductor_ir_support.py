@@ -192,7 +192,7 @@ def fake_gpu_on_cpu() -> Iterator[None]:
     from torch._inductor import config as inductor_config
     from torch._inductor import scheduler as sched
 
-    from optimus.inductor_ir import compat
+    from optimus.inductor_ir import inductor_api
     from optimus.rules import kernel_fusion as rules
 
     if not hasattr(sched, "MixOrderReduction") or not hasattr(inductor_config.triton, "mix_order_reduction_split_size"):
@@ -229,8 +229,8 @@ def fake_gpu_on_cpu() -> Iterator[None]:
         triton = getattr(backend, "_triton_scheduling", backend)
         return triton if hasattr(triton, "generate_combo_kernel_code") else None
 
-    put(compat, "combo_backend", combo_backend)
-    put(rules.combo_small_kernels.pattern, "test", lambda m: compat.combinable(m.anchor.node))
+    put(inductor_api, "combo_backend", combo_backend)
+    put(rules.combo_small_kernels.pattern, "test", lambda m: inductor_api.combinable(m.anchor.node))
     try:
         with inductor_config.patch({"cpu_backend": "triton", "triton.mix_order_reduction_split_size": 64}):
             yield

@@ -15,7 +15,7 @@ import torch
 import optimus
 from optimus.compile import Session
 from optimus.core.registry import REGISTRY, resolve
-from optimus.inductor_ir import compat, scheduler_patches
+from optimus.inductor_ir import inductor_api, scheduler_patches
 from optimus.inductor_ir.passes import InductorIRPass
 from optimus.inductor_ir.rule import FusionRule, fusion_rule
 from optimus.inductor_ir.view import SchedulerView
@@ -25,7 +25,7 @@ from inductor_ir_support import assert_close_tree, eager, run_compiled, scenario
 RULES = ("fuse_producer_consumer", "fuse_independent_kernels", "combo_small_kernels")
 ONLY_IR = {"inductor_ir": "all"}
 
-needs_hooks = pytest.mark.skipif(not compat.hooks_supported()[0], reason="torch without scheduler hooks")
+needs_hooks = pytest.mark.skipif(not inductor_api.hooks_supported()[0], reason="torch without scheduler hooks")
 
 
 # ------------------------------------------------------------------ registry / presets
@@ -57,16 +57,16 @@ def test_fingerprint_and_uuid_cover_inductor_ir_selection_and_options():
     off = Session(resolve({"torch_ir": "all", "aten_ir": "all", "inductor_ir": "none"}))
     assert base.fingerprint() == same.fingerprint()
     assert len({base.fingerprint(), opt.fingerprint(), off.fingerprint()}) == 3
-    if not compat.hooks_supported()[0]:
+    if not inductor_api.hooks_supported()[0]:
         assert scheduler_patches(base) == {}
         return
     patches = base.inductor_patches()
     pre, post = patches["_pre_fusion_custom_pass"], patches["_post_fusion_custom_pass"]
     for p in (pre, post):
         assert isinstance(p, InductorIRPass)
-        if compat.CustomSchedulerPass is not None:  # 2.13: no cache bypass
-            assert isinstance(p, compat.CustomSchedulerPass)
-        assert isinstance(p, compat.CustomGraphPass)  # 2.11: no cache bypass
+        if inductor_api.CustomSchedulerPass is not None:  # 2.13: no cache bypass
+            assert isinstance(p, inductor_api.CustomSchedulerPass)
+        assert isinstance(p, inductor_api.CustomGraphPass)  # 2.11: no cache bypass
         assert copy.deepcopy(p) is p
     assert pre.uuid() != post.uuid()
     assert post.uuid() == same.inductor_patches()["_post_fusion_custom_pass"].uuid()
@@ -161,7 +161,7 @@ def test_unknown_node_type_is_left_untouched_and_reported(monkeypatch):
 
     def call(self, nodes):
         if self.hook == "post_fusion":
-            sched = compat.current_scheduler()
+            sched = inductor_api.current_scheduler()
             view = SchedulerView(sched, nodes)
             seen["kinds"] = sorted(view.classify(n).op for n in nodes)
             target = next(n for n in nodes if view.classify(n).op == "reduction")
@@ -209,7 +209,7 @@ def test_pass_failure_rolls_back_to_inductors_node_list(monkeypatch):
     def broken_sort(scheduler, nodes):
         raise RuntimeError("injected failure")
 
-    monkeypatch.setattr(compat, "topo_sort", broken_sort)
+    monkeypatch.setattr(inductor_api, "topo_sort", broken_sort)
     run = run_compiled(pair, pair_inputs(), {"inductor_ir": ["fuse_independent_kernels"]}, grad=False)
     assert run.nests == [2]  # Inductor's own result
     assert any("rolled back" in n for g in run.graphs() for n in g.notes)
@@ -325,7 +325,7 @@ def test_reachability_stays_exact_under_contraction():
 
 
 def test_unsupported_torch_installs_nothing_and_says_why(monkeypatch):
-    monkeypatch.setattr(compat, "hooks_supported", lambda: (False, "no scheduler hooks in this build"))
+    monkeypatch.setattr(inductor_api, "hooks_supported", lambda: (False, "no scheduler hooks in this build"))
     session = Session(resolve("all"))
     assert scheduler_patches(session) == {}
     assert any("unsupported on this torch" in n for n in session.report.notes)
@@ -339,33 +339,33 @@ def test_merges_within_the_global_peak_are_still_bounded_by_their_local_rise(mon
     """towers32 on the H200: Inductor's estimate puts the peak elsewhere, so merges that
     double the real peak leave the estimated one unchanged; each merge's local rise counts
     against the graph's allowance."""
-    from optimus.inductor_ir import passes
+    from optimus.planner import schedule_memory as sm
 
     # (bounds no other test uses: scenario runs are memoized by their passes)
-    monkeypatch.setattr(passes, "local_rise", lambda *a: 2 * passes.MEMORY_SLACK)
+    monkeypatch.setattr(sm, "local_rise", lambda *a: 2 * sm.MEMORY_SLACK)
     refused = scenario("pair", {"inductor_ir": {"fuse_independent_kernels": {"memory_increase": 0.021}}})
     assert refused.matched("fuse_independent_kernels") == 0
     reasons = [r for g in refused.graphs() for r in g.rules["fuse_independent_kernels"].declined]
     assert reasons and all(r.startswith("memory: the merged kernel would hold 0.50 MiB more at once where it runs") for r in reasons), reasons
     assert_close_tree(refused.outputs, eager("pair")[0])
-    monkeypatch.setattr(passes, "local_rise", lambda *a: passes.MEMORY_SLACK // 2)
+    monkeypatch.setattr(sm, "local_rise", lambda *a: sm.MEMORY_SLACK // 2)
     kept = scenario("pair", {"inductor_ir": {"fuse_independent_kernels": {"memory_increase": 0.022}}})
     assert kept.matched("fuse_independent_kernels") == 1, [r for g in kept.graphs() for r in g.rules["fuse_independent_kernels"].declined]
 
 
 @needs_hooks
 def test_merges_are_priced_by_inductors_peak_memory_estimate(monkeypatch):
-    from optimus.inductor_ir import passes
+    from optimus.planner import schedule_memory as sm
 
     seen = []
-    orig = passes.ScheduleMemory.why_not
+    orig = sm.ScheduleMemory.why_not
 
     def why_not(self, members, increase):
         why = orig(self, members, increase)
         seen.append((self.base, why))
         return why
 
-    monkeypatch.setattr(passes.ScheduleMemory, "why_not", why_not)
+    monkeypatch.setattr(sm.ScheduleMemory, "why_not", why_not)
     # the default bound (passes="auto" sets 2%): these merges keep the peak, all happen
     kept = scenario("pair", {"inductor_ir": {"fuse_independent_kernels": {"memory_increase": 0.02}}})
     assert kept.matched("fuse_independent_kernels") == 1
@@ -373,7 +373,7 @@ def test_merges_are_priced_by_inductors_peak_memory_estimate(monkeypatch):
     notes = [n for g in kept.graphs() for n in g.notes if "-> one kernel" in n]  # the estimate behind the merge
     assert notes and all("; estimated peak " in n and " MiB allowed, rise " in n for n in notes), notes
     # a budget a byte below the schedule's own peak: every merge declines, with the estimate in its reason
-    monkeypatch.setattr(passes, "MEMORY_SLACK", -1)
+    monkeypatch.setattr(sm, "MEMORY_SLACK", -1)
     refused = scenario("pair", {"inductor_ir": {"fuse_independent_kernels": {"memory_increase": 0.0}}})
     assert refused.matched("fuse_independent_kernels") == 0
     reasons = [r for g in refused.graphs() for r in g.rules["fuse_independent_kernels"].declined]

@@ -16,12 +16,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from optimus.inductor_ir import compat, legality, passes
+from optimus.inductor_ir import inductor_api, legality, passes
 from optimus.inductor_ir.legality import CodegenFacts, combo_member_problem, combo_problems, new_problems, plan_problems
 
 from inductor_ir_support import run_compiled
 
-needs_hooks = pytest.mark.skipif(not compat.hooks_supported()[0], reason="torch without scheduler hooks")
+needs_hooks = pytest.mark.skipif(not inductor_api.hooks_supported()[0], reason="torch without scheduler hooks")
 
 
 # ------------------------------------------------------------------------ stand-ins
@@ -169,18 +169,18 @@ def _layernorm_backward_like():
 # ----------------------------------------------------------------------- the facts
 def test_split_mix_order_reduction_drops_its_partials_and_takes_over_the_second_stage():
     _, m, (op1, op2, op3, op4, op5) = _layernorm_backward_like()
-    assert compat.codegen_replacements(m) == ({"buf2"}, {"op3"})
+    assert inductor_api.codegen_replacements(m) == ({"buf2"}, {"op3"})
     facts = CodegenFacts.collect([m, op3, op4, op5])
     assert facts.dropped == {"buf2": m.get_name()} and facts.replaced == {"op3": m.get_name()}
     assert legality.generates_no_kernel(op3, facts) and not legality.generates_no_kernel(_Group(op3, op4), facts)
     # not split: Inductor's mix-order kernel writes the column sums itself, nothing dropped
     op2.node._split_size = None
-    assert compat.codegen_replacements(m) == (set(), set())
+    assert inductor_api.codegen_replacements(m) == (set(), set())
     # a layout this code does not know: every buffer it writes is off limits, as in
     # Inductor's own combo grouping, and no operation counts as taken over
     del m.node2
-    assert compat.codegen_replacements(m) == ({"buf1", "buf2"}, set())
-    assert compat.codegen_replacements(op4) == (set(), set())
+    assert inductor_api.codegen_replacements(m) == ({"buf1", "buf2"}, set())
+    assert inductor_api.codegen_replacements(op4) == (set(), set())
 
 
 # ----------------------------------------------------------------------- combo checks
@@ -332,7 +332,7 @@ def _three_small(a, b, c):
 def test_a_combo_keeps_only_the_members_inductor_launches_together(fake_gpu, monkeypatch):
     """Inductor's combo codegen partitions members into launches; the driver keeps the
     largest one and leaves the others alone (here the trial's partition is forced)."""
-    real = compat.trial_combo_codegen
+    real = inductor_api.trial_combo_codegen
     seen: list[list[str]] = []
 
     def split_off_the_last(scheduler, members, removed_later=()):
@@ -341,7 +341,7 @@ def test_a_combo_keeps_only_the_members_inductor_launches_together(fake_gpu, mon
         flat = [n for p in partitions for n in p]
         return [flat[:-1], flat[-1:]]
 
-    monkeypatch.setattr(compat, "trial_combo_codegen", split_off_the_last)
+    monkeypatch.setattr(inductor_api, "trial_combo_codegen", split_off_the_last)
     g = torch.Generator().manual_seed(0)
     inputs = [torch.randn(n, generator=g) for n in (64, 100, 300)]
     run = run_compiled(_three_small, inputs, COMBO, grad=False)
@@ -458,7 +458,7 @@ def test_split_reductions_of_different_sizes_are_not_fused(fake_gpu, monkeypatch
     assert run.matched("fuse_independent_kernels") == 0
     assert run.declines("fuse_independent_kernels").get(passes.SPLIT_SIZES) == 2
     # the check is what stops the failure: without it the third candidate's fusion check raises
-    monkeypatch.setattr(compat, "split_sizes_disagree", lambda nodes: False)
+    monkeypatch.setattr(inductor_api, "split_sizes_disagree", lambda nodes: False)
     bare = run_compiled(_column_sums, _column_sum_inputs(), INDEPENDENT, grad=False)
     assert any("AssertionError: 64 v.s. 128" in e for e in bare.report.errors()), bare.report.errors()
 
@@ -482,9 +482,9 @@ def test_split_sizes_of_stand_ins():
     b = SchedulerNode(ComputedBuffer(128, [128], [16384]))
     a2 = SchedulerNode(ComputedBuffer(256, [64], [32768]))
     plain = SchedulerNode(ComputedBuffer(None, [64], [128]))
-    assert compat.split_reduction_sizes([a, b]) == [(64, 32768), (128, 16384)]
-    assert compat.split_sizes_disagree([a, b])
-    assert not compat.split_sizes_disagree([a, a2])
+    assert inductor_api.split_reduction_sizes([a, b]) == [(64, 32768), (128, 16384)]
+    assert inductor_api.split_sizes_disagree([a, b])
+    assert not inductor_api.split_sizes_disagree([a, a2])
     # a reduction that was not split: Inductor reads the kernel's own group, nothing to assert
-    assert compat.split_reduction_sizes([a, plain]) is None and not compat.split_sizes_disagree([a, b, plain])
-    assert not compat.split_sizes_disagree([SchedulerNode(None, reduction=False)])
+    assert inductor_api.split_reduction_sizes([a, plain]) is None and not inductor_api.split_sizes_disagree([a, b, plain])
+    assert not inductor_api.split_sizes_disagree([SchedulerNode(None, reduction=False)])

@@ -1,4 +1,4 @@
-"""The Inductor-IR merges' memory bound (``passes.ScheduleMemory``, set by ``passes="auto"``):
+"""The Inductor-IR merges' memory bound (the planner's ``ScheduleMemory``, set by ``passes="auto"``):
 the simulated order of a merge, its rise, and the towers case the H200 measured (merges
 that doubled towers32's peak while Inductor's estimate of the peak did not move)."""
 
@@ -7,12 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from optimus.inductor_ir import compat, passes
-from optimus.inductor_ir.passes import local_rise, merged_order
+from optimus.inductor_ir import inductor_api
+from optimus.planner import schedule_memory
+from optimus.planner.schedule_memory import local_rise, merged_order
 
 from inductor_ir_support import SCENARIOS, run_compiled
 
-needs_hooks = pytest.mark.skipif(not compat.hooks_supported()[0], reason="torch without scheduler hooks")
+needs_hooks = pytest.mark.skipif(not inductor_api.hooks_supported()[0], reason="torch without scheduler hooks")
 
 
 def test_merged_order_moves_what_the_later_members_need_ahead_of_the_first():
@@ -54,7 +55,7 @@ def test_combining_towers_that_wait_for_their_matmuls_counts_the_matmuls_outputs
     the bytes in the reason."""
     free = run_compiled(towers, towers_inputs(), {"inductor_ir": ["combo_small_kernels"]}, grad=False)
     assert free.matched("combo_small_kernels") >= 1
-    monkeypatch.setattr(passes, "MEMORY_SLACK", 0)
+    monkeypatch.setattr(schedule_memory, "MEMORY_SLACK", 0)
     bounded = run_compiled(towers, towers_inputs(), {"inductor_ir": {"combo_small_kernels": {"memory_increase": 0.0}}}, grad=False)
     assert bounded.matched("combo_small_kernels") == 0
     reasons = list(bounded.declines("combo_small_kernels"))
@@ -69,7 +70,7 @@ def test_the_estimate_followed_through_merges_is_the_one_prepared_anew(fake_gpu,
     one a fresh preparation of the merged list gives, for fused kernels (forward and
     backward) and combo launches."""
     checks: list[bool] = []
-    monkeypatch.setattr(passes.ScheduleMemory, "update_checks", checks)
+    monkeypatch.setattr(schedule_memory.ScheduleMemory, "update_checks", checks)
     fn, make_inputs, grad = SCENARIOS["independent"]
     fused = run_compiled(fn, make_inputs(), {"inductor_ir": {"fuse_independent_kernels": {"memory_increase": 10.0}}}, grad)
     assert fused.matched("fuse_independent_kernels") == 3

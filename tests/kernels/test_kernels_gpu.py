@@ -382,14 +382,11 @@ def test_grouped_ops_under_cudagraph_trees_gpu():
     """The rules' custom ops compiled with mode="reduce-overhead" (cudagraph trees): warm-up,
     record and replays leave no cached table in the graph pool ("tensors in the cudagraph pool
     not tracked as outputs", H200 run 4) and replays match eager, training and inference."""
-    import importlib
-
     import optimus
+    from optimus.core.registry import REGISTRY
     from optimus.models import get_model
 
-    oc = importlib.import_module("optimus.compile")  # the module; ``optimus.compile`` is the function
-
-    assert "grouped_linear" not in oc.CUDAGRAPH_UNSAFE_RULES  # on under CUDA graphs by default
+    assert REGISTRY.get("grouped_linear").cudagraph_safe  # on under CUDA graphs by default
     for train in (False, True):
         torch._dynamo.reset()
         z = get_model("hetero_towers", "small", device="cuda")

@@ -12,8 +12,8 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 import optimus
-from optimus.core.registry import resolve
-from optimus.planner import costmodel
+from optimus.core.registry import REGISTRY, resolve
+from optimus.planner import costmodel, tune
 from optimus.planner.plan import Context, Planner
 
 oc = importlib.import_module("optimus.compile")
@@ -171,7 +171,7 @@ def test_tune_measures_once_then_the_decision_cache_answers(tmp_path, monkeypatc
     assert "measured" in notes and "->" in notes, notes
     saved = json.loads((tmp_path / "decisions.json").read_text())
     (entry,) = saved.values()
-    assert entry["plan"] in oc.TUNE_CANDIDATES and set(entry["measured_ms"]) == set(oc.TUNE_CANDIDATES)
+    assert entry["plan"] in tune.TUNE_CANDIDATES and set(entry["measured_ms"]) == set(tune.TUNE_CANDIDATES)
 
     torch._dynamo.reset()
     second = optimus.compile(model, passes="auto", tune=True)
@@ -308,7 +308,8 @@ def test_cuda_graphs_leave_out_the_rules_that_emit_our_custom_ops():
     session = oc.Session(resolve("all"))
     kept = session._without_capture_unsafe_rules(session.base_config, {"triton.cudagraphs": True})
     names = {r for rules in kept.rules.values() for r in rules}
-    assert not names & set(oc.CUDAGRAPH_UNSAFE_RULES)
+    unsafe = {r.name for r in REGISTRY.rules() if not r.cudagraph_safe}
+    assert unsafe == {"group_embedding_lookups"} and not names & unsafe
     assert {"batch_linear", "grouped_linear", "batched_layer_norm"} <= names  # the other rules stay
     assert any("CUDA graphs:" in n and "group_embedding_lookups" in n for n in session.report.notes)
     assert session._without_capture_unsafe_rules(session.base_config, {}) is session.base_config
@@ -482,3 +483,40 @@ def test_a_training_forward_group_whose_results_are_saved_is_cut(memory_increase
         assert all(m < n for m in taken), taken
     else:
         assert taken == [n], taken
+
+
+def test_the_planner_orders_and_cuts_a_group_for_the_driver(monkeypatch):
+    """``order``: members reading one input go smallest result first (stable); ``chunk``: a
+    cut of results of different sizes is the fitting prefix and the rest, of one size
+    balanced chunks; when not even two fit, every member is declined."""
+    from optimus.core.group import Cut
+    from optimus.core.levels import make_view
+
+    widths = [8, 2, 8, 4, 2]
+
+    class Heads(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.heads = torch.nn.ModuleList(torch.nn.Linear(4, w) for w in widths)
+
+        def forward(self, x):
+            return [h(x) for h in self.heads]
+
+    gm = fx.symbolic_trace(Heads())
+    oc._propagate_fake_meta(gm, [torch.randn(3, 4)])
+    view = make_view("torch_ir", gm)
+    members = [n for n in gm.graph.nodes if n.op == "call_module"]
+    planner = Planner(Context("cpu"), profile=H200ISH)
+    assert planner.order(view, members) == [1, 4, 3, 0, 2]
+    ordered = [members[i] for i in planner.order(view, members)]
+    monkeypatch.setattr(Planner, "_fitting", lambda self, *a: (2, "why"))
+    assert planner.chunk(view, ordered, 2) == Cut(((0, 1), (2, 3, 4)), f"group of 5 at {ordered[-1].name} cut after its 2 smallest (why)")
+    monkeypatch.setattr(Planner, "_fitting", lambda self, *a: (4, "why"))
+    assert planner.chunk(view, ordered, 2).parts == ((0, 1, 2, 3),)  # the rest (one) is no group
+    same = members[:1] * 8
+    monkeypatch.setattr(Planner, "_fitting", lambda self, *a: (5, "why"))
+    assert planner.chunk(view, same, 2).parts == ((0, 1, 2, 3), (4, 5, 6, 7))  # 8 at most 5: 4 + 4
+    monkeypatch.setattr(Planner, "_fitting", lambda self, *a: (0, "why"))
+    assert planner.chunk(view, same, 2) == Cut(declined="why; no smaller group fits")
+    monkeypatch.setattr(Planner, "_fitting", lambda self, *a: None)
+    assert planner.chunk(view, same, 2) is None

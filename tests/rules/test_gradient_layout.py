@@ -144,23 +144,23 @@ def _output_graph(val, recorded):
     (torch.empty(8, 1), (1, 1), False),  # a size-1 dimension: the record is row-major already
 ])
 def test_adopt_gradient_layouts_only_replaces_non_row_major_records(val, recorded, adopted):
-    from optimus import compat
+    from optimus import torch_api
 
     g, out = _output_graph(val, recorded)
-    assert compat.adopt_gradient_layouts(g) == (["tangents_1"] if adopted else [])
+    assert torch_api.adopt_gradient_layouts(g) == (["tangents_1"] if adopted else [])
     assert out.meta["original_output_strides"][0] == (val.stride() if adopted else recorded)
 
 
 def test_adopt_gradient_layouts_leaves_symbolic_strides_and_graphs_without_a_record():
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
-    from optimus import compat
+    from optimus import torch_api
 
     env = ShapeEnv()
     with FakeTensorMode(shape_env=env):
         sym = torch.empty(env.create_unbacked_symint(), 4)  # rows of a symbolic count
     g, out = _output_graph(sym, (1, 8))
-    assert compat.adopt_gradient_layouts(g) == [] and out.meta["original_output_strides"][0] == (1, 8)
+    assert torch_api.adopt_gradient_layouts(g) == [] and out.meta["original_output_strides"][0] == (1, 8)
     g, out = _output_graph(torch.empty(8, 4), (1, 8))
     del out.meta["original_output_strides"]
-    assert compat.adopt_gradient_layouts(g) == []
+    assert torch_api.adopt_gradient_layouts(g) == []

@@ -5,7 +5,7 @@ Optimus plugs into Inductor below its public surface: it calls ``compile_fx`` wi
 ``options=`` into Inductor config patches the way ``torch.compile`` does, and must let
 Dynamo's own control-flow exceptions pass untouched. Each of those touches a private name
 that moves between releases; this module is the only place that names them (the
-scheduler-level ones live in ``optimus.inductor_ir.compat``). Checked on torch 2.11, 2.13
+scheduler-level ones live in ``optimus.inductor_ir.inductor_api``). Checked on torch 2.11, 2.13
 and 2.15.
 """
 
