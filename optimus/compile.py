@@ -319,10 +319,10 @@ class LevelPass(UuidKeyed, CustomGraphPass):  # type: ignore[misc]
         return f"{self.level}:{'+'.join(self.levels)}:{self.session.fingerprint()}"
 
 
-def _compile_plan(plan: str, gm: fx.GraphModule, example_inputs: list[Any], inductor_options: dict[str, Any]) -> Callable[..., Any]:
-    """``gm`` compiled under the fixed ``plan``, in a session of its own (a trial of the
+def _compile_plan(config: PassConfig, gm: fx.GraphModule, example_inputs: list[Any], inductor_options: dict[str, Any]) -> Callable[..., Any]:
+    """``gm`` compiled under ``config``, in a session of its own, untuned (a trial of the
     planner's ``tune=True``)."""
-    return Session(resolve(plan)).compile(gm, example_inputs, inductor_options)
+    return Session(config).compile(gm, example_inputs, inductor_options)
 
 
 def _split_options(options: dict[str, Any] | None) -> tuple[Any, bool, dict[str, Any] | None]:

@@ -104,25 +104,38 @@ def plan_compile(
     inductor_options: dict[str, Any],
     tune_requested: bool,
     report: Report,
-    compile_plan: Callable[[str, fx.GraphModule, list[Any], dict[str, Any]], Callable[..., Any]],
+    compile_plan: Callable[[PassConfig, fx.GraphModule, list[Any], dict[str, Any]], Callable[..., Any]],
     graph_name: Callable[[str], str],
     source_fingerprint: Callable[[], str],
 ) -> PassConfig:
     """``passes="auto"`` for one Dynamo graph: ``base`` with a planner for this compile's
     context, its rules and rule options (said in ``report``); with tuning, the measured
     fastest candidate plan instead (``tune.measure_plans``, whose trials ``compile_plan``
-    compiles; ``graph_name`` names the tuned graph in the notes, ``source_fingerprint`` keys
+    compiles, each as ``candidate_config`` says; ``graph_name`` names the tuned graph in the notes, ``source_fingerprint`` keys
     the decision cache)."""
     context = Context.of_compile(example_inputs, inductor_options, tune_requested)
     if context.tune:
         untuned = dataclasses.replace(context, tune=False)
-        extra = {"context": dataclasses.asdict(untuned), "optimus": source_fingerprint()}
-        plan = tune.measure_plans(gm, example_inputs, inductor_options, context.training, extra, compile_plan, report.notes, graph_name("tuned graph"))
+        extra = {"context": dataclasses.asdict(untuned), "optimus": source_fingerprint(), "excluded": sorted(base.excluded)}
+
+        def trial(plan: str, trial_gm: fx.GraphModule, inputs: list[Any], options: dict[str, Any]) -> Callable[..., Any]:
+            return compile_plan(candidate_config(base, plan), trial_gm, inputs, options)
+
+        plan = tune.measure_plans(gm, example_inputs, inductor_options, context.training, extra, trial, report.notes, graph_name("tuned graph"))
         if plan == AUTO:
             return _with_planner(base, untuned, report)
         if plan is not None:
-            return dataclasses.replace(exclude_rules(resolve(plan), base.excluded), spec=f"{AUTO}:{plan}")  # the user's exclusions hold for every candidate
+            return candidate_config(base, plan)
     return _with_planner(base, context, report, describe=True)
+
+
+def candidate_config(base: PassConfig, plan: str) -> PassConfig:
+    """What a tuned candidate ``plan`` compiles, in its trial and once chosen: the plan less
+    the rules the user excluded from ``base`` (their exclusions hold for every candidate).
+    ``"auto"`` as a candidate is ``base`` itself, the planner deciding."""
+    if plan == AUTO:
+        return base
+    return dataclasses.replace(exclude_rules(resolve(plan), base.excluded), spec=f"{AUTO}:{plan}")
 
 
 def plan_graph(config: PassConfig, gm: fx.GraphModule, example_inputs: list[Any] | tuple[Any, ...] | None, report: Report) -> PassConfig:

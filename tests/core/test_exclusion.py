@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import optimus
-from optimus.compile import Session
 from optimus.core.registry import LEVELS, resolve
+from optimus.planner.plan import candidate_config
 
 
 def _without(config, rule):
@@ -59,9 +59,10 @@ def test_unknown_name_offers_upstream_names():
 
 
 def test_tuned_candidates_keep_the_exclusions():
-    session = Session(resolve(["auto", "-merge_splits"]), tune=True)
+    base = resolve(["auto", "-merge_splits"])
+    assert candidate_config(base, "auto") is base
     for plan in ("all", "vertical"):
-        cfg = session._candidate_config(plan, None)
+        cfg = candidate_config(base, plan)
         assert not any("merge_splits" in cfg.rules[lv] for lv in LEVELS), plan
         assert cfg.rules == _without(resolve(plan), "merge_splits")
 
