@@ -12,8 +12,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .generate import generate
-from .oracle import ALIASING_MODES, OK, SKIP, CaseResult, _quiet, check_case, reference, resolve_passes
-from .program import LEVELS, Case, combine
+from .oracle import ALIASING_MODES, ALL_LEVELS, OK, SKIP, CaseResult, _quiet, check_case, reference, resolve_passes
+from .program import Case, combine
 from .shrink import Failure, _class_key, investigate
 
 
@@ -27,6 +27,8 @@ class FuzzResult:
     passes: Any
     batch: int
     aliasing: str = "new"
+    dynamic: str = "mixed"
+    grad: str = "mixed"
     generated: int = 0
     passed: int = 0
     nograd: int = 0  # cases that ran without gradients (autograd rejects their writes)
@@ -60,7 +62,7 @@ class FuzzResult:
 
         out = [
             f"optimus fuzz: seed {self.seed}, {self.requested} cases requested, levels {'+'.join(self.levels)}, "
-            f"passes {self.passes!r}, aliasing {self.aliasing!r}, batch {self.batch}, torch {torch.__version__}",
+            f"passes {self.passes!r}, aliasing {self.aliasing!r}, dynamic {self.dynamic!r}, grad {self.grad!r}, batch {self.batch}, torch {torch.__version__}",
             f"cases: {self.generated} generated, {self.passed} passed, {self.skipped_total} skipped, {self.failed_cases} failed"
             f" ({self.nograd} ran without gradients: autograd rejects their in-place writes)",
         ]
@@ -83,7 +85,7 @@ class FuzzResult:
         for n in names:
             out.append(f"  {n:<38}" + "".join(f"{self.fired.get(lv, {}).get(n, 0):>10}" for lv in self.levels))
         config = optimus.resolve(resolve_passes(self.passes))
-        selected = list(dict.fromkeys(r.name for lv in self.levels for r in config.rules_for(lv)))
+        selected = list(dict.fromkeys(r.name for lv in self.levels for sub in _config_levels(lv) for r in config.rules_for(sub)))
         never = [n for n in selected if n not in names]
         if never:
             out.append("rules that never fired: " + ", ".join(never))
@@ -99,7 +101,7 @@ class FuzzResult:
         import optimus
 
         config = optimus.resolve(resolve_passes(self.passes))
-        rules = {lv: {r.name: r.fingerprint() for r in config.rules_for(lv)} for lv in self.levels}
+        rules = {lv: {r.name: r.fingerprint() for sub in _config_levels(lv) for r in config.rules_for(sub)} for lv in self.levels}
         return {
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             "command": " ".join(sys.argv),
@@ -110,6 +112,8 @@ class FuzzResult:
             "passes": self.passes,
             "batch": self.batch,
             "aliasing": self.aliasing,
+            "dynamic": self.dynamic,
+            "grad": self.grad,
             "torch": torch.__version__,
             "generated": self.generated,
             "passed": self.passed,
@@ -128,6 +132,11 @@ class FuzzResult:
             "cpu_seconds": round(self.cpu_seconds, 2),
             "stopped": self.stopped,
         }
+
+
+def _config_levels(level: str) -> tuple[str, ...]:
+    """The Optimus levels a fuzz level runs (``compile``: every one, inside Inductor)."""
+    return ("torch_ir", "aten_ir", "inductor_ir") if level == "compile" else (level,)
 
 
 def _skip_category(why: str) -> str:
@@ -205,12 +214,13 @@ class _Fuzzer:
 
 
 DYNAMIC_MODES = ("mixed", "always", "never")
+GRAD_MODES = ("mixed", "always", "never")
 
 
 def fuzz(
     cases: int = 100,
     seed: int = 0,
-    levels: Sequence[str] = LEVELS,
+    levels: Sequence[str] = ("torch_ir", "aten_ir"),
     passes: Any = "vertical",
     batch: int = 8,
     aliasing: str = "new",
@@ -222,13 +232,18 @@ def fuzz(
     on_failure: Callable[[Failure], None] | None = None,
     progress_every: float = 10.0,
     dynamic: str = "mixed",
+    grad: str = "mixed",
 ) -> FuzzResult:
-    """Generate ``cases`` programs from ``seed`` and check each at ``levels``.
+    """Generate ``cases`` programs from ``seed`` and check each at ``levels``
+    (``torch_ir``, ``aten_ir``: ``optimus.optimize`` on the captured graphs; ``compile``:
+    ``optimus.compile`` end to end).
 
     ``dynamic``: ``"mixed"`` (the generator's choice, ``dynamic=True`` for ~15% of
     cases), ``"always"`` (every case compiled with every size symbolic) or ``"never"``.
+    ``grad``: ``"mixed"`` (the generator's choice: gradients for ~80% of cases),
+    ``"always"`` or ``"never"`` (forward only).
 
-    Cases are compiled ``batch`` at a time (same grad/dynamic flags); a batch that fails
+    Cases are compiled ``batch`` at a time (same grad/dynamic/precision flags); a batch that fails
     is re-run case by case. Failing cases are shrunk (the first ``max_shrink``, for at
     most ``shrink_seconds`` each). Stops after ``max_failures`` failing cases or
     ``max_seconds``.
@@ -237,17 +252,19 @@ def fuzz(
 
     optimus.list_rules()  # load the built-in rules
     for lv in levels:
-        if lv not in LEVELS:
-            raise ValueError(f"unknown level {lv!r}; valid: {', '.join(LEVELS)}")
+        if lv not in ALL_LEVELS:
+            raise ValueError(f"unknown level {lv!r}; valid: {', '.join(ALL_LEVELS)}")
     if dynamic not in DYNAMIC_MODES:
         raise ValueError(f"dynamic must be one of {DYNAMIC_MODES}, got {dynamic!r}")
+    if grad not in GRAD_MODES:
+        raise ValueError(f"grad must be one of {GRAD_MODES}, got {grad!r}")
     if aliasing not in ALIASING_MODES:
         raise ValueError(f"aliasing must be one of {ALIASING_MODES}, got {aliasing!r}")
-    res = FuzzResult(seed, cases, tuple(levels), passes, max(1, batch), aliasing)
+    res = FuzzResult(seed, cases, tuple(levels), passes, max(1, batch), aliasing, dynamic, grad)
     fz = _Fuzzer(res, shrink_seconds, max_shrink, on_failure)
     t0 = last = time.perf_counter()
     c0 = time.process_time()
-    pending: dict[tuple[bool, bool], list[Case]] = collections.defaultdict(list)
+    pending: dict[tuple[bool, bool, bool], list[Case]] = collections.defaultdict(list)
     with _quiet():
         for index in range(cases):
             res.seconds = time.perf_counter() - t0
@@ -260,6 +277,8 @@ def fuzz(
             case = generate(seed, index)
             if dynamic != "mixed":
                 case = dataclasses.replace(case, dynamic=dynamic == "always")
+            if grad != "mixed":
+                case = dataclasses.replace(case, grad=grad == "always")
             res.generated += 1
             res.families.update(case.families())
             ran, ref, why = reference(case)
@@ -270,7 +289,7 @@ def fuzz(
                 continue
             if case.grad and not ran.grad:
                 res.nograd += 1
-            key = (ran.grad, ran.dynamic)
+            key = (ran.grad, ran.dynamic, ran.low_precision)
             pending[key].append(ran)
             if len(pending[key]) >= res.batch:
                 fz.run_batch(pending.pop(key))
