@@ -260,3 +260,69 @@ def f(x0):
 """
     problem = check_source(src, [InputSpec("x0", (1, 2, 2), "float32", seed=387581032)], level=level, grad=False)
     assert_clean(problem)
+
+
+# ------------------------------------------------------------------ open (Optimus's)
+# Found by the campaign over the grammar with regions, parameters and state (docs/fuzzing.md,
+# "Bugs found", second list). Each fails until its fix lands; then flip it to a plain test.
+
+DETACHED_MEMBER = """
+def f(x0, w0, w1, w2):
+    v0 = F.linear(x0, w0)
+    v1 = F.linear(x0, w1)
+    v2 = F.linear(x0, w2)
+    return (v0.detach(), v1, v2)
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="batch_linear_lhs merges a linear whose output is only detached: its weight gets a zero gradient, eager's stays None")
+@pytest.mark.parametrize("level, passes", [("torch_ir", "all"), ("compile", "auto")])
+def test_a_detached_member_keeps_its_weight_without_gradient(level, passes):
+    """Three linears read x0 (batch_linear_lhs material); the first one's result is only
+    used detached, so eager never computes a gradient for w0 (``w0.grad is None``). The
+    rule concatenates the three weights into one linear and splits the result: the
+    gradient of the concatenation reaches w0 as zeros. An optimizer treats a zero gradient
+    and no gradient differently (weight decay, momentum and Adam's moments move). Found
+    as seed 0, case 39 (``passes="all"``), where the linear feeding ``.detach()`` read the
+    same chunk as its three siblings."""
+    inputs = [InputSpec("x0", (4, 3), seed=1)] + [InputSpec(f"w{i}", (2, 3), seed=2 + i, role="param") for i in range(3)]
+    assert_clean(check_source(DETACHED_MEMBER, inputs, level=level, passes=passes))
+
+
+@pytest.mark.xfail(strict=True, reason="select_of_cat_to_input picks a cat input computed under no_grad: the select no longer requires grad")
+@pytest.mark.parametrize("level, passes", [("torch_ir", "vertical"), ("compile", "auto")])
+def test_a_select_of_a_cat_keeps_its_autograd_across_a_no_grad_input(level, passes):
+    """``cat([v0, x0])[0]`` requires grad in eager (x0 does), though its values come from
+    v0, computed under no_grad. select_of_cat_to_input replaces it by ``v0[0]``, built in
+    the grad-enabled region (so the region check passes) from a value without autograd
+    history: the output no longer requires grad. Under ``optimus.compile`` the output
+    guard sees it on the first call and recompiles the graph without any Optimus pass (a
+    fallback: correct, every rewrite lost). Found as seed 5, case 78 (a layer_norm under
+    ``torch.set_grad_enabled(False)`` and a select of the cat of it with a parameter)."""
+    src = """
+def f(x0):
+    with torch.no_grad():
+        v0 = x0 * 2
+    v1 = torch.cat([v0, x0], 0)
+    return (v1[0],)
+"""
+    assert_clean(check_source(src, [InputSpec("x0", (2, 3), seed=1)], level=level, passes=passes))
+
+
+@pytest.mark.xfail(strict=True, reason="stack_unbind_to_inputs makes two outputs that were disjoint halves of one buffer the same tensor")
+@pytest.mark.parametrize("level, passes", [("torch_ir", "vertical"), ("compile", "auto")])
+def test_outputs_unbound_from_a_stack_of_one_tensor_stay_apart(level, passes):
+    """``a, b = torch.stack([v0, v0]).unbind(0)``: in eager a and b are views of the new
+    stack, one storage but disjoint memory. stack_unbind_to_inputs returns v0 for both, so
+    the two outputs are one tensor: writing one in place changes the other. The driver's
+    alias check (and the output guard of ``optimus.compile``) compare storages, and "they
+    shared a storage before" let the rewrite through. Found by the compile level (seed 9,
+    case 1)."""
+    src = """
+def f(x0):
+    v0 = x0 * 2
+    v1 = torch.stack([v0, v0], dim=0)
+    v2, v3 = v1.unbind(0)
+    return (v2, v3)
+"""
+    assert_clean(check_source(src, [InputSpec("x0", (2, 3), seed=1)], level=level, grad=False, passes=passes))

@@ -1,6 +1,8 @@
 """The fuzzer end to end: a few hundred random programs through every registered
-canonicalize + vertical rule at Torch-IR and Aten-IR must match eager; a deliberately
-wrong rule is caught and minimized to a reproducer that runs as a test; the CLI works.
+canonicalize + vertical rule at Torch-IR and Aten-IR must match eager; with ``"all"`` the
+horizontal rules rewrite the generated towers and match eager too; ``optimus.compile``
+end to end (the compile level) runs; deliberately wrong rules are caught (and minimized to
+a reproducer that runs as a test); the CLI works.
 
 ``OPTIMUS_FUZZ_CASES`` changes the number of CI cases (default 240)."""
 
@@ -14,6 +16,7 @@ import pytest
 
 import optimus
 from optimus.tools import fuzz
+from optimus.tools.fuzz import InputSpec, check_source
 from optimus.core.pattern import Each, ListOf, Op, Var
 from optimus.core.registry import REGISTRY
 from optimus.core.view import num_outputs
@@ -47,6 +50,23 @@ def test_fuzz_dynamic_mode_compiles_every_case_with_symbolic_sizes():
         assert sum(n for r, n in fired.items() if r != "dead_code_elimination") >= cases // 2, (lv, fired)
     with pytest.raises(ValueError):
         fuzz.fuzz(cases=1, dynamic="sometimes")
+    with pytest.raises(ValueError):
+        fuzz.fuzz(cases=1, grad="sometimes")
+
+
+HORIZONTAL = {"torch_ir": ("batch_linear", "batch_linear_lhs", "batch_layer_norm", "batch_pointwise"), "aten_ir": ("batch_mm", "batch_pointwise")}
+
+
+def test_fuzz_all_passes_batch_the_generated_towers():
+    """``passes="all"``: the towers the generator builds (some members under no_grad or
+    autocast, some parameters frozen) are batched by the horizontal rules at both levels,
+    and every result, gradient and ``requires_grad`` matches eager over two calls."""
+    cases = max(16, CI_CASES // 5)
+    res = fuzz.fuzz(cases=cases, seed=6, passes="all", batch=8, max_failures=3, max_shrink=2, shrink_seconds=30)
+    assert res.failed_cases == 0, _explain(res)
+    for lv, rules in HORIZONTAL.items():
+        fired = res.fired.get(lv, {})
+        assert sum(fired.get(r, 0) >= 1 for r in rules) >= 2, (lv, fired)  # several horizontal rules batched something
 
 
 # ------------------------------------------------------------------ a wrong rule
@@ -66,6 +86,30 @@ def _wrong_split_cat(m, b):
 def _wrong_tanh(m, b):
     """tanh(x) -> sigmoid(x): wrong."""
     return b.sigmoid(m.x)
+
+
+@pytest.fixture
+def dropped_detach():
+    name = "fuzz_drop_detach"
+    optimus.rule(Op("detach", X), priority=1, name=name)(lambda m, b: m.x)  # detach(x) -> x: wrong
+    try:
+        yield name
+    finally:
+        REGISTRY.remove(name)
+
+
+def test_a_rule_changing_requires_grad_is_caught_at_each_level(dropped_detach):
+    """Dropping a ``detach`` leaves values right and autograd wrong: at Torch-IR the
+    output's ``requires_grad`` differs; through ``optimus.compile`` the output guard sees it
+    on the first call and compiles the graph again without Optimus, which the compile level
+    reports as a fallback."""
+    src = "def f(x0):\n    v0 = x0 * 2\n    return (v0.detach(), v0)\n"
+    inputs = [InputSpec("x0", (2, 3), seed=1)]
+    problem = check_source(src, inputs, level="torch_ir", passes=[dropped_detach])
+    assert problem.startswith("mismatch at torch_ir") and "outputs' requires_grad [True, True], expected [False, True]" in problem, problem
+    problem = check_source(src, inputs, level="compile", passes=[dropped_detach])
+    assert problem.startswith("fallback at compile") and "autograd differs from eager's" in problem, problem
+    assert check_source(src, inputs, level="compile", passes="none") is None
 
 
 @pytest.fixture
@@ -145,5 +189,5 @@ def test_cli_lists_fuzz(capsys):
     with pytest.raises(SystemExit):
         main(["fuzz", "--help"])
     help_text = capsys.readouterr().out
-    for flag in ("--cases", "--seed", "--level", "--json", "--max-seconds"):
+    for flag in ("--cases", "--seed", "--level", "--json", "--max-seconds", "--grad", "compile"):
         assert flag in help_text

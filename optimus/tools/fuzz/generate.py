@@ -291,7 +291,7 @@ class _Gen:
             self.attempt(lambda: outs.append(self.view_of(self.pick(lambda v: v.kind in ("input", "state"))).name))
         if not outs:
             outs.append(self.vals[-1].name if self.vals[-1].tuple_name is None else self.expr(self.vals[-1]))
-        named = [v for v in self.vals if v.name in outs and v.tuple_name is None]
+        named = [v for v in self.vals if v.name in outs and v.tuple_name is None and v.name in self.ns]  # (not the invalid op's)
         if named and self.chance(0.06):  # an output and a view of it
             base = rng.choice(named)
             self.attempt(lambda: outs.append(self.view_of(base).name))
