@@ -191,3 +191,21 @@ def test_cli_lists_fuzz(capsys):
     help_text = capsys.readouterr().out
     for flag in ("--cases", "--seed", "--level", "--json", "--max-seconds", "--grad", "compile"):
         assert flag in help_text
+
+
+def test_a_generator_error_is_counted_and_the_run_goes_on(monkeypatch):
+    """A bug in the generator itself costs one case, not the run (and its JSON)."""
+    from optimus.tools.fuzz import campaign
+
+    real = campaign.generate
+
+    def flaky(seed, index):
+        if index == 1:
+            raise NameError("name 'v6' is not defined")
+        return real(seed, index)
+
+    monkeypatch.setattr(campaign, "generate", flaky)
+    res = fuzz.fuzz(cases=3, seed=3, levels=("torch_ir",), passes="none")
+    assert res.generated == 3 and res.skipped["generator raised NameError"] == 1, res.summary()
+    assert res.skip_examples["generator raised NameError"].startswith("seed 3, case 1:")
+    assert "generator raised NameError x1" in res.summary()

@@ -274,7 +274,14 @@ def fuzz(
             if res.failed_cases >= max_failures:
                 res.stopped = f"{res.failed_cases} failing cases (max_failures)"
                 break
-            case = generate(seed, index)
+            try:
+                case = generate(seed, index)
+            except Exception as e:  # a bug of the generator's own: counted and shown, the run goes on
+                res.generated += 1
+                cat = f"generator raised {type(e).__name__}"
+                res.skipped[cat] += 1
+                res.skip_examples.setdefault(cat, f"seed {seed}, case {index}: {e}")
+                continue
             if dynamic != "mixed":
                 case = dataclasses.replace(case, dynamic=dynamic == "always")
             if grad != "mixed":
