@@ -132,3 +132,15 @@ def test_a_call_that_raises_inside_regions_leaves_no_mode_behind():
 def test_check_source_rejects_an_unknown_level():
     with pytest.raises(ValueError, match="level must be"):
         check_source("def f(x0):\n    return (x0,)\n", INPUTS[:1], level="inductor_ir")
+
+
+def test_a_level_skip_says_what_torch_did():
+    """The campaign counts torch's own failures by what they were."""
+    from optimus.tools.fuzz.campaign import skip_reason
+
+    build = LevelResult("aten_ir", "skip", "torch: building the aten_ir graph raised RuntimeError: Cannot set version_counter for inference tensor")
+    assert skip_reason(build) == "building the graph raised RuntimeError: Cannot set version_counter for inference tensor"
+    grad = LevelResult("aten_ir", "skip", "torch: ...", torch_failure=("mismatch", "grad of input 0: unexpected (eager leaves it None)", False))
+    assert skip_reason(grad) == "mismatch (no Optimus rewrite): mismatch:grad unexpected (eager leaves it None)"
+    later = LevelResult("aten_ir", "skip", "torch: ...", torch_failure=("mismatch", "call 2: output 1: max abs diff 0.1 at (0,)", True))
+    assert skip_reason(later) == "mismatch (also without Optimus): mismatch:output (call 2) max abs diff"

@@ -12,9 +12,9 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .generate import generate
-from .oracle import ALIASING_MODES, ALL_LEVELS, OK, SKIP, CaseResult, _quiet, check_case, reference, resolve_passes
+from .oracle import ALIASING_MODES, ALL_LEVELS, OK, SKIP, CaseResult, LevelResult, _quiet, check_case, reference, resolve_passes
 from .program import Case, combine
-from .shrink import Failure, _class_key, investigate
+from .shrink import Failure, _class_key, investigate, signature
 
 
 @dataclasses.dataclass
@@ -34,6 +34,7 @@ class FuzzResult:
     nograd: int = 0  # cases that ran without gradients (autograd rejects their writes)
     skipped: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     level_skips: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    level_skip_reasons: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # "level: what torch did"
     skip_examples: dict[str, str] = dataclasses.field(default_factory=dict)
     failed_cases: int = 0
     failures: list[Failure] = dataclasses.field(default_factory=list)
@@ -70,6 +71,8 @@ class FuzzResult:
             out.append("skipped: " + ", ".join(f"{k} x{v}" for k, v in self.skipped.most_common()))
         if self.level_skips:
             out.append("levels skipped (torch itself raises or differs, not Optimus): " + ", ".join(f"{k} x{v}" for k, v in sorted(self.level_skips.items())))
+            for reason, n in self.level_skip_reasons.most_common(8):
+                out.append(f"  x{n:<4} {reason}")
         if self.failures:
             kinds = collections.Counter(f"{f.kind}@{f.level}" for f in self.failures)
             out.append("failures: " + ", ".join(f"{k} x{v}" for k, v in kinds.most_common()))
@@ -121,6 +124,7 @@ class FuzzResult:
             "skipped": dict(self.skipped),
             "skip_examples": self.skip_examples,
             "level_skips": dict(self.level_skips),
+            "level_skip_reasons": dict(self.level_skip_reasons),
             "failed_cases": self.failed_cases,
             "failures": [f.to_dict() for f in self.failures],
             "fired": {lv: dict(c) for lv, c in self.fired.items()},
@@ -137,6 +141,21 @@ class FuzzResult:
 def _config_levels(level: str) -> tuple[str, ...]:
     """The Optimus levels a fuzz level runs (``compile``: every one, inside Inductor)."""
     return ("torch_ir", "aten_ir", "inductor_ir") if level == "compile" else (level,)
+
+
+def skip_reason(r: LevelResult) -> str:
+    """What torch did at a skipped level: the failure's kind and signature (or the
+    exception), and whether Optimus had rewritten anything."""
+    if r.torch_failure is None:
+        m = re.match(r"torch: building the \w+ graph raised (\w+: .{0,70})", r.message)
+        return f"building the graph raised {m.group(1)}" if m else r.message[:80]
+    kind, message, rewritten = r.torch_failure
+    how = "also without Optimus" if rewritten else "no Optimus rewrite"
+    if kind == "graph_error":
+        e = re.search(r"raised (\w+: .{0,70})", message)
+        return f"graph_error ({how}): {e.group(1) if e else message[:70]}"
+    detail = re.search(r"(missing \(eager computes one\)|unexpected \(eager leaves it None\)|requires_grad \[.*?\], expected \[.*?\]|max abs diff|dtype \S+, expected \S+)", message)
+    return f"{kind} ({how}): {signature(LevelResult(r.level, kind, message))}" + (f" {detail.group(1)}" if detail else "")
 
 
 def _skip_category(why: str) -> str:
@@ -193,6 +212,9 @@ class _Fuzzer:
         for lv, lr in o.levels.items():
             if lr.kind == SKIP:
                 res.level_skips[lv] += 1
+                reason = f"{lv}: {skip_reason(lr)}"
+                res.level_skip_reasons[reason] += 1
+                res.skip_examples.setdefault(reason, f"{o.case.label}: {lr.message[:500]}")
                 res.skip_examples.setdefault(f"level {lv}", f"{o.case.label}: {lr.message[:500]}")
         bad = o.failures
         if not bad:

@@ -450,6 +450,7 @@ class LevelResult:
     message: str = ""
     fired: dict[str, int] = dataclasses.field(default_factory=dict)
     declined: dict[str, int] = dataclasses.field(default_factory=dict)
+    torch_failure: tuple[str, str, bool] | None = None  # a skip's (kind, message, whether Optimus had rewritten anything)
 
     @property
     def failed(self) -> bool:
@@ -566,11 +567,13 @@ def check_case(
         if r.kind not in ("graph_error", "mismatch", "fallback"):
             continue
         if not r.fired and r.kind != "fallback":  # (a fallback's rewrites are not counted: they were thrown away)
+            r.torch_failure = (r.kind, r.message, False)
             r.kind, r.message = SKIP, f"torch: {r.kind} with no Optimus rewrite: {r.message}"
         elif baseline:
             base = _compiled_results(case, (lv,), "none", ref, aliasing)
             if isinstance(base, str) or base[lv].kind != OK:
                 why = base if isinstance(base, str) else base[lv].message
+                r.torch_failure = (r.kind, r.message, True)
                 r.kind, r.message = SKIP, f"torch: {r.kind} also without Optimus ({why}): {r.message}"
     return CaseResult(case, results)
 
