@@ -89,8 +89,8 @@ def between(a: fx.Node, b: fx.Node, barrier_nodes: list[fx.Node]) -> fx.Node | N
 
 
 def split_buckets(buckets: dict[Any, list[Any]], segment: dict[fx.Node, int], decline: Any) -> dict[Any, list[Any]]:
-    """Cut each ``(key, depth)`` bucket of horizontal-group candidates (``Call``s) at the
-    collectives: one ``(key, (depth, segment))`` bucket per segment. Members of a cut
+    """Cut each ``(key, region, flag)`` bucket of horizontal-group candidates (``Call``s) at
+    the collectives: one ``(key, region, (flag, segment))`` bucket per segment. Members of a cut
     bucket are declined with the reason (they may still group with the others on their
     side)."""
     out: dict[Any, list[Any]] = {}
@@ -102,7 +102,7 @@ def split_buckets(buckets: dict[Any, list[Any]], segment: dict[fx.Node, int], de
             reason = f"identical ops on {len(by_segment)} sides of a collective: grouped only with the ones on their side (collectives are barriers)"
             for c in calls:
                 decline(c.node, reason)
-        group_key, depth = key
+        group_key, region, flag = key
         for seg, members in by_segment.items():
-            out[(group_key, (depth, seg))] = members
+            out[(group_key, region, (flag, seg))] = members
     return out

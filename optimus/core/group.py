@@ -218,6 +218,7 @@ def find_groups(
     """Candidate groups for ``rule`` over the whole graph (see module docstring)."""
     segment = collectives.segments(view.graph)  # groups never span a collective
     regions = view.regions()  # nor a grad-mode / autocast boundary (core/regions.py)
+    dropped = view.grad_flow().dropped()  # nor mix results no gradient reaches with used ones (core/gradflow.py)
     keyed: dict[Any, list[Call]] = {}
     for call in calls if calls is not None else classify_all(view):
         node = call.node
@@ -230,8 +231,8 @@ def find_groups(
         if reason:
             decline(node, reason)
             continue
-        keyed.setdefault((key, regions.state_at(node)), []).append(call)
-    if regions:
+        keyed.setdefault((key, regions.state_at(node), node in dropped), []).append(call)
+    if regions or dropped:
         _decline_split_by_region(keyed, decline)
     if segment is not None:  # one bucket per (key, side of every collective)
         keyed = collectives.split_buckets(keyed, segment, decline)
@@ -254,7 +255,7 @@ def find_groups(
             for c in members:
                 decline(c.node, f"group of {len(members)} is below min_group={lo}")
 
-    for (key, _), cs in buckets.items():
+    for (key, _, _), cs in buckets.items():
         cs = sorted(cs, key=lambda c: position[c.node])
         open_groups: list[list[Any]] = []  # [members, bitset of the members, position of the first]
         for c in cs:
@@ -285,16 +286,22 @@ def find_groups(
 
 
 def _decline_split_by_region(keyed: dict[Any, list[Call]], decline: Callable[[fx.Node, str], None]) -> None:
-    """Candidates of one key in several regions group only within theirs: say so."""
+    """Candidates of one key in several regions, or with and without a gradient that
+    reaches them, group only within theirs: say so."""
     states: dict[Any, list[Any]] = {}
-    for key, state in keyed:
-        states.setdefault(key, []).append(state)
+    for key, state, dropped in keyed:
+        states.setdefault(key, []).append((state, dropped))
     for key, seen in states.items():
         if len(seen) < 2:
             continue
-        for state in seen:
-            for c in keyed[(key, state)]:
-                decline(c.node, f"identical ops in {len(seen)} grad-mode/autocast regions: grouped only with the ones in their own ({regions_describe(state)})")
+        regions = {state for state, _ in seen}
+        for state, dropped in seen:
+            for c in keyed[(key, state, dropped)]:
+                if len(regions) > 1:
+                    decline(c.node, f"identical ops in {len(regions)} grad-mode/autocast regions: grouped only with the ones in their own ({regions_describe(state)})")
+                else:
+                    why = "no gradient reaches its result (only used detached or under no_grad)" if dropped else "its result's gradient is used"
+                    decline(c.node, f"grouped only with ops like it: {why}; merged, the inputs eager leaves without gradient (.grad None) would get zeros")
 
 
 def depend_on_each_other(nodes: list[fx.Node]) -> bool:

@@ -8,6 +8,8 @@ each replaces. Before any use is redirected, ``Surgery.validate`` checks
 * mutation: no replaced node, and nothing the replacement reads, aliases a tensor
   written in place (``safety.AliasAnalysis``);
 * graph outputs: none newly aliases an input or another output;
+* gradients: no result gains or loses ``requires_grad``, and no gradient reaches a value
+  around a ``no_grad`` region or a ``detach`` (``core/gradflow.py``);
 * memory layout: users of a replaced node whose input gets other strides or another
   storage offset are evaluated again on the new metadata, and must accept it.
 
@@ -87,6 +89,7 @@ class Surgery:
         problem = self.mutation_problem(pairs, builder) or self.alias.outputs_problem(pairs, disjoint_chunks_ok=group)
         problem = problem or self.alias.barrier_problem(pairs, builder.new_nodes)  # collectives: core/collectives.py
         problem = problem or self.view.regions().problem(pairs, builder.new_nodes)  # grad mode, autocast: core/regions.py
+        problem = problem or self.view.grad_flow().problem(pairs, builder.new_nodes)  # who gets gradients: core/gradflow.py
         if problem:
             raise Decline(problem)
         relaid = self.layout_changes(pairs, new_set)
@@ -244,6 +247,7 @@ class Surgery:
             raise Decline(refused)
         for node, value in relaid.items():
             _set_meta(self.view, node, value)
+        self.view.grad_flow().mark_built(builder.new_nodes)
         for node in builder.new_nodes:
             self.alias.add(node)
         for _, _, users in changed:

@@ -22,6 +22,7 @@ import torch
 import torch.fx as fx
 
 from .collectives import is_barrier
+from .gradflow import GradFlow
 from .regions import Regions, is_marker
 from .vocab import SCHEMAS, Call
 
@@ -102,6 +103,9 @@ class GraphView:
 
     level: str = "?"
     meta_key: str = "val"
+    # whether values still carry autograd's meaning (requires_grad, cuts): Torch-IR's do;
+    # after AOTAutograd nothing requires grad
+    autograd: bool = False
 
     def __init__(self, gm: fx.GraphModule) -> None:
         self.gm = gm
@@ -113,6 +117,14 @@ class GraphView:
         # same objects (FX replaces the tuple whenever an input is rewired).
         self._calls: dict[fx.Node, tuple[Any, Any, Call | None]] = {}
         self._regions: Regions | None = None
+        self._grad_flow: GradFlow | None = None
+        self._ambient_grad = torch.is_grad_enabled()  # the caller's mode: passes run inside the compile
+
+    def grad_flow(self) -> GradFlow:
+        """Where gradients flow (``core.gradflow``; whether the graph trains is read once)."""
+        if self._grad_flow is None:
+            self._grad_flow = GradFlow(self.graph, self.val, self.regions(), self._ambient_grad, self.autograd)
+        return self._grad_flow
 
     def regions(self) -> Regions:
         """The grad-mode / inference-mode / autocast regions of the graph

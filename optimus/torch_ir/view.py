@@ -185,6 +185,7 @@ for _u in UNARY_POINTWISE:
 
 class TorchIRView(GraphView):
     level = "torch_ir"
+    autograd = True
     meta_key = "example_value"
 
     def __init__(self, gm: fx.GraphModule, meta_key: str | None = None) -> None:

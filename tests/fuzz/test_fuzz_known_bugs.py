@@ -259,3 +259,145 @@ def f(x0):
 """
     problem = check_source(src, [InputSpec("x0", (1, 2, 2), "float32", seed=387581032)], level=level, grad=False)
     assert_clean(problem)
+
+
+# ------------------------------------------------------------------ open (Optimus's)
+# Found by the campaign over the grammar with regions, parameters and state (docs/fuzzing.md,
+# "Bugs found", second list). Each fails until its fix lands; then flip it to a plain test.
+
+DETACHED_MEMBER = {
+    "batch_linear_lhs": ("""
+def f(x0, w0, w1, w2):
+    v0 = F.linear(x0, w0)
+    v1 = F.linear(x0, w1)
+    v2 = F.linear(x0, w2)
+    return (v0.detach(), v1, v2)
+""", [InputSpec("x0", (4, 3), seed=1)] + [InputSpec(f"w{i}", (2, 3), seed=2 + i, role="param") for i in range(3)]),
+    "batch_linear": ("""
+def f(x0, w0, w1, w2):
+    a, b, c = x0.split(3, -1)
+    v0 = F.linear(a, w0)
+    v1 = F.linear(b, w1)
+    v2 = F.linear(c, w2)
+    return (v0.detach(), v1, v2)
+""", [InputSpec("x0", (4, 9), seed=1)] + [InputSpec(f"w{i}", (2, 3), seed=2 + i, role="param") for i in range(3)]),
+    "batch_layer_norm": ("""
+def f(x0, w0, w1, w2, w3, w4, w5, w6, w7):
+    a, b, c, d = x0.split(3, -1)
+    v0 = F.layer_norm(a, (3,), w0, w1)
+    v1 = F.layer_norm(b, (3,), w2, w3)
+    v2 = F.layer_norm(c, (3,), w4, w5)
+    v3 = F.layer_norm(d, (3,), w6, w7)
+    return (v0.detach(), v1, v2, v3)
+""", [InputSpec("x0", (4, 12), seed=1)] + [InputSpec(f"w{i}", (3,), seed=2 + i, role="param") for i in range(8)]),
+}
+
+
+@pytest.mark.parametrize("rule, level, passes", [(r, "torch_ir", "all") for r in sorted(DETACHED_MEMBER)] + [("batch_linear_lhs", "compile", "auto")])
+def test_a_detached_member_keeps_its_parameters_without_gradient(rule, level, passes):
+    """Towers of one layer (the rule's material); the first tower's result is only used
+    detached, so eager never computes a gradient for its parameters (``w0.grad is None``).
+    The rule stacks or concatenates the members' parameters into one batched op: the
+    gradient of the stack reaches w0 as zeros. An optimizer treats a zero gradient and no
+    gradient differently (weight decay, momentum and Adam's moments move w0). The same
+    holds under ``optimus.compile`` with the default passes. Found as seed 0, case 39
+    (``passes="all"``), where the linear feeding ``.detach()`` read the same chunk as its
+    three siblings; at Aten-IR batch_mm is right (the partitioner computes no gradient
+    for w0 at all). Now horizontal groups never mix results no gradient reaches with
+    used ones (``core/gradflow.py``, ``GradFlow.dropped``, bucketed in ``core/group.py``)."""
+    src, inputs = DETACHED_MEMBER[rule]
+    problem = check_source(src, inputs, level=level, passes=passes)
+    assert problem is None or (rule in problem and "grad of parameter w0 (input 1): unexpected (eager leaves it None)" in problem), problem
+    assert_clean(problem)
+
+
+@pytest.mark.parametrize("level, passes", [("torch_ir", "vertical"), ("compile", "auto")])
+def test_a_select_of_a_cat_keeps_its_autograd_across_a_no_grad_input(level, passes):
+    """``cat([v0, x0])[0]`` requires grad in eager (x0 does), though its values come from
+    v0, computed under no_grad. select_of_cat_to_input replaces it by ``v0[0]``, built in
+    the grad-enabled region (so the region check passes) from a value without autograd
+    history: the output no longer requires grad. Under ``optimus.compile`` the output
+    guard sees it on the first call and recompiles the graph without any Optimus pass (a
+    fallback: correct, every rewrite lost). Found as seed 5, case 78 (a layer_norm under
+    ``torch.set_grad_enabled(False)`` and a select of the cat of it with a parameter).
+    Now the driver compares the replacement's ``requires_grad`` with the old value's,
+    derived from the regions (Dynamo's example values under no_grad still say True):
+    ``GradFlow.problem``."""
+    src = """
+def f(x0):
+    with torch.no_grad():
+        v0 = x0 * 2
+    v1 = torch.cat([v0, x0], 0)
+    return (v1[0],)
+"""
+    assert_clean(check_source(src, [InputSpec("x0", (2, 3), seed=1)], level=level, passes=passes))
+
+
+@pytest.mark.parametrize("level, passes", [("torch_ir", "vertical"), ("compile", "auto")])
+def test_outputs_unbound_from_a_stack_of_one_tensor_stay_apart(level, passes):
+    """``a, b = torch.stack([v0, v0]).unbind(0)``: in eager a and b are views of the new
+    stack, one storage but disjoint memory. stack_unbind_to_inputs returns v0 for both, so
+    the two outputs are one tensor: writing one in place changes the other. The driver's
+    alias check (and the output guard of ``optimus.compile``) compare storages, and "they
+    shared a storage before" let the rewrite through. Found by the compile level (seed 9,
+    case 1). Now the output check declines two outputs becoming one tensor
+    (``AliasAnalysis.outputs_problem``)."""
+    src = """
+def f(x0):
+    v0 = x0 * 2
+    v1 = torch.stack([v0, v0], dim=0)
+    v2, v3 = v1.unbind(0)
+    return (v2, v3)
+"""
+    assert_clean(check_source(src, [InputSpec("x0", (2, 3), seed=1)], level=level, grad=False, passes=passes))
+
+
+AUTOGRAD_CHANGED = {
+    # a new slice of x0 replaces a cat of chunks split off under no_grad: x0 gets a gradient
+    "cat_adjacent_segments": ("""
+def f(x0):
+    with torch.no_grad():
+        a, b, c = x0.split(1, -1)
+    return (torch.cat([a, b], -1) * 2,)
+""", [InputSpec("x0", (2, 3), seed=1)], "grad of input 0: unexpected (eager leaves it None)"),
+    # a new view of v0 replaces a cat of v0's part unbound under no_grad: x0 gets a gradient
+    "unbind_cat_to_view": ("""
+def f(x0):
+    v0 = x0 * 2
+    with torch.no_grad():
+        a, = torch.unbind(v0, -1)
+    return (torch.cat([a], 0) * 2,)
+""", [InputSpec("x0", (3, 1), seed=1)], "grad of input 0: unexpected (eager leaves it None)"),
+    # a new cat of x0's parts replaces a chunk of a cat made under no_grad: it requires grad
+    "cat_split_to_inputs": ("""
+def f(x0):
+    v3, v4, v5, v6 = torch.chunk(x0, chunks=4, dim=0)
+    with torch.no_grad():
+        v11 = torch.concatenate([x0, v5, v4, x0], axis=0)
+    v12 = torch.split(v11, 6, 0)
+    return (v12[0],)
+""", [InputSpec("x0", (4,), seed=205476917)], "outputs' requires_grad [True], expected [False]"),
+    # no region at all: the select of a cat of a data input and x0 picks the data input
+    "select_of_cat_to_input": ("""
+def f(x0, x1):
+    v1 = torch.cat([x1, x0], 0)
+    return (v1[1].clone(),)
+""", [InputSpec("x0", (1, 1), seed=1), InputSpec("x1", (2, 1), seed=2, role="data")], "outputs' requires_grad [False], expected [True]"),
+}
+
+
+@pytest.mark.parametrize("rule", sorted(AUTOGRAD_CHANGED))
+def test_a_rewrite_keeps_requires_grad_and_who_gets_gradients(rule):
+    """The replacement is built in the replaced value's region (the region check passes)
+    but from other values: parts of x0 itself where the original read chunks split off
+    under no_grad (x0 then gets a gradient eager never computes), or the one input of a
+    cat that needs no gradient where the cat as a whole needs one (the output no longer
+    requires grad). Nothing compares the replacement's ``requires_grad`` with the replaced
+    value's, as shape, dtype and strides are compared. Found by the campaign at seeds
+    4201 (cases 399, 577, 627, 864) and 4202 (cases 9, 67, 250, 524, 789), each minimized
+    by hand to the rule it names. Now ``GradFlow.problem`` declines a replacement whose
+    ``requires_grad`` differs or whose gradient reaches a value only through a cut."""
+    src, inputs, expected = AUTOGRAD_CHANGED[rule]
+    problem = check_source(src, inputs, level="torch_ir", passes="vertical")
+    assert problem is None or (rule in problem and expected in problem), problem
+    assert_clean(problem)

@@ -13,9 +13,9 @@ import torch
 
 from ...core.table import format_table
 from .generate import generate
-from .oracle import ALIASING_MODES, OK, SKIP, CaseResult, _quiet, check_case, reference, resolve_passes
-from .program import LEVELS, Case, combine
-from .shrink import Failure, _class_key, investigate
+from .oracle import ALIASING_MODES, ALL_LEVELS, OK, SKIP, CaseResult, LevelResult, _quiet, check_case, reference, resolve_passes
+from .program import Case, combine
+from .shrink import Failure, _class_key, investigate, signature
 
 
 @dataclasses.dataclass
@@ -28,11 +28,14 @@ class FuzzResult:
     passes: Any
     batch: int
     aliasing: str = "new"
+    dynamic: str = "mixed"
+    grad: str = "mixed"
     generated: int = 0
     passed: int = 0
     nograd: int = 0  # cases that ran without gradients (autograd rejects their writes)
     skipped: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     level_skips: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    level_skip_reasons: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # "level: what torch did"
     skip_examples: dict[str, str] = dataclasses.field(default_factory=dict)
     failed_cases: int = 0
     failures: list[Failure] = dataclasses.field(default_factory=list)
@@ -61,7 +64,7 @@ class FuzzResult:
 
         out = [
             f"optimus fuzz: seed {self.seed}, {self.requested} cases requested, levels {'+'.join(self.levels)}, "
-            f"passes {self.passes!r}, aliasing {self.aliasing!r}, batch {self.batch}, torch {torch.__version__}",
+            f"passes {self.passes!r}, aliasing {self.aliasing!r}, dynamic {self.dynamic!r}, grad {self.grad!r}, batch {self.batch}, torch {torch.__version__}",
             f"cases: {self.generated} generated, {self.passed} passed, {self.skipped_total} skipped, {self.failed_cases} failed"
             f" ({self.nograd} ran without gradients: autograd rejects their in-place writes)",
         ]
@@ -69,6 +72,8 @@ class FuzzResult:
             out.append("skipped: " + ", ".join(f"{k} x{v}" for k, v in self.skipped.most_common()))
         if self.level_skips:
             out.append("levels skipped (torch itself raises or differs, not Optimus): " + ", ".join(f"{k} x{v}" for k, v in sorted(self.level_skips.items())))
+            for reason, n in self.level_skip_reasons.most_common(8):
+                out.append(f"  x{n:<4} {reason}")
         if self.failures:
             kinds = collections.Counter(f"{f.kind}@{f.level}" for f in self.failures)
             out.append("failures: " + ", ".join(f"{k} x{v}" for k, v in kinds.most_common()))
@@ -83,7 +88,7 @@ class FuzzResult:
         rows = [[n, *(self.fired.get(lv, {}).get(n, 0) for lv in self.levels)] for n in names]
         out.append(format_table(["rewrites per rule", *self.levels], rows, [False] + [True] * len(self.levels)))
         config = optimus.resolve(resolve_passes(self.passes))
-        selected = list(dict.fromkeys(r.name for lv in self.levels for r in config.rules_for(lv)))
+        selected = list(dict.fromkeys(r.name for lv in self.levels for sub in _config_levels(lv) for r in config.rules_for(sub)))
         never = [n for n in selected if n not in names]
         if never:
             out.append("rules that never fired: " + ", ".join(never))
@@ -99,7 +104,7 @@ class FuzzResult:
         import optimus
 
         config = optimus.resolve(resolve_passes(self.passes))
-        rules = {lv: {r.name: r.fingerprint() for r in config.rules_for(lv)} for lv in self.levels}
+        rules = {lv: {r.name: r.fingerprint() for sub in _config_levels(lv) for r in config.rules_for(sub)} for lv in self.levels}
         return {
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             "command": " ".join(sys.argv),
@@ -110,6 +115,8 @@ class FuzzResult:
             "passes": self.passes,
             "batch": self.batch,
             "aliasing": self.aliasing,
+            "dynamic": self.dynamic,
+            "grad": self.grad,
             "torch": torch.__version__,
             "generated": self.generated,
             "passed": self.passed,
@@ -117,6 +124,7 @@ class FuzzResult:
             "skipped": dict(self.skipped),
             "skip_examples": self.skip_examples,
             "level_skips": dict(self.level_skips),
+            "level_skip_reasons": dict(self.level_skip_reasons),
             "failed_cases": self.failed_cases,
             "failures": [f.to_dict() for f in self.failures],
             "fired": {lv: dict(c) for lv, c in self.fired.items()},
@@ -128,6 +136,26 @@ class FuzzResult:
             "cpu_seconds": round(self.cpu_seconds, 2),
             "stopped": self.stopped,
         }
+
+
+def _config_levels(level: str) -> tuple[str, ...]:
+    """The Optimus levels a fuzz level runs (``compile``: every one, inside Inductor)."""
+    return ("torch_ir", "aten_ir", "inductor_ir") if level == "compile" else (level,)
+
+
+def skip_reason(r: LevelResult) -> str:
+    """What torch did at a skipped level: the failure's kind and signature (or the
+    exception), and whether Optimus had rewritten anything."""
+    if r.torch_failure is None:
+        m = re.match(r"torch: building the \w+ graph raised (\w+: .{0,70})", r.message)
+        return f"building the graph raised {m.group(1)}" if m else r.message[:80]
+    kind, message, rewritten = r.torch_failure
+    how = "also without Optimus" if rewritten else "no Optimus rewrite"
+    if kind == "graph_error":
+        e = re.search(r"raised (\w+: .{0,70})", message)
+        return f"graph_error ({how}): {e.group(1) if e else message[:70]}"
+    detail = re.search(r"(missing \(eager computes one\)|unexpected \(eager leaves it None\)|requires_grad \[.*?\], expected \[.*?\]|max abs diff|dtype \S+, expected \S+)", message)
+    return f"{kind} ({how}): {signature(LevelResult(r.level, kind, message))}" + (f" {detail.group(1)}" if detail else "")
 
 
 def _skip_category(why: str) -> str:
@@ -184,6 +212,9 @@ class _Fuzzer:
         for lv, lr in o.levels.items():
             if lr.kind == SKIP:
                 res.level_skips[lv] += 1
+                reason = f"{lv}: {skip_reason(lr)}"
+                res.level_skip_reasons[reason] += 1
+                res.skip_examples.setdefault(reason, f"{o.case.label}: {lr.message[:500]}")
                 res.skip_examples.setdefault(f"level {lv}", f"{o.case.label}: {lr.message[:500]}")
         bad = o.failures
         if not bad:
@@ -205,12 +236,13 @@ class _Fuzzer:
 
 
 DYNAMIC_MODES = ("mixed", "always", "never")
+GRAD_MODES = ("mixed", "always", "never")
 
 
 def fuzz(
     cases: int = 100,
     seed: int = 0,
-    levels: Sequence[str] = LEVELS,
+    levels: Sequence[str] = ("torch_ir", "aten_ir"),
     passes: Any = "vertical",
     batch: int = 8,
     aliasing: str = "new",
@@ -222,13 +254,18 @@ def fuzz(
     on_failure: Callable[[Failure], None] | None = None,
     progress_every: float = 10.0,
     dynamic: str = "mixed",
+    grad: str = "mixed",
 ) -> FuzzResult:
-    """Generate ``cases`` programs from ``seed`` and check each at ``levels``.
+    """Generate ``cases`` programs from ``seed`` and check each at ``levels``
+    (``torch_ir``, ``aten_ir``: ``optimus.optimize`` on the captured graphs; ``compile``:
+    ``optimus.compile`` end to end).
 
     ``dynamic``: ``"mixed"`` (the generator's choice, ``dynamic=True`` for ~15% of
     cases), ``"always"`` (every case compiled with every size symbolic) or ``"never"``.
+    ``grad``: ``"mixed"`` (the generator's choice: gradients for ~80% of cases),
+    ``"always"`` or ``"never"`` (forward only).
 
-    Cases are compiled ``batch`` at a time (same grad/dynamic flags); a batch that fails
+    Cases are compiled ``batch`` at a time (same grad/dynamic/precision flags); a batch that fails
     is re-run case by case. Failing cases are shrunk (the first ``max_shrink``, for at
     most ``shrink_seconds`` each). Stops after ``max_failures`` failing cases or
     ``max_seconds``.
@@ -237,17 +274,19 @@ def fuzz(
 
     optimus.list_rules()  # load the built-in rules
     for lv in levels:
-        if lv not in LEVELS:
-            raise ValueError(f"unknown level {lv!r}; valid: {', '.join(LEVELS)}")
+        if lv not in ALL_LEVELS:
+            raise ValueError(f"unknown level {lv!r}; valid: {', '.join(ALL_LEVELS)}")
     if dynamic not in DYNAMIC_MODES:
         raise ValueError(f"dynamic must be one of {DYNAMIC_MODES}, got {dynamic!r}")
+    if grad not in GRAD_MODES:
+        raise ValueError(f"grad must be one of {GRAD_MODES}, got {grad!r}")
     if aliasing not in ALIASING_MODES:
         raise ValueError(f"aliasing must be one of {ALIASING_MODES}, got {aliasing!r}")
-    res = FuzzResult(seed, cases, tuple(levels), passes, max(1, batch), aliasing)
+    res = FuzzResult(seed, cases, tuple(levels), passes, max(1, batch), aliasing, dynamic, grad)
     fz = _Fuzzer(res, shrink_seconds, max_shrink, on_failure)
     t0 = last = time.perf_counter()
     c0 = time.process_time()
-    pending: dict[tuple[bool, bool], list[Case]] = collections.defaultdict(list)
+    pending: dict[tuple[bool, bool, bool], list[Case]] = collections.defaultdict(list)
     with _quiet():
         for index in range(cases):
             res.seconds = time.perf_counter() - t0
@@ -257,9 +296,18 @@ def fuzz(
             if res.failed_cases >= max_failures:
                 res.stopped = f"{res.failed_cases} failing cases (max_failures)"
                 break
-            case = generate(seed, index)
+            try:
+                case = generate(seed, index)
+            except Exception as e:  # a bug of the generator's own: counted and shown, the run goes on
+                res.generated += 1
+                cat = f"generator raised {type(e).__name__}"
+                res.skipped[cat] += 1
+                res.skip_examples.setdefault(cat, f"seed {seed}, case {index}: {e}")
+                continue
             if dynamic != "mixed":
                 case = dataclasses.replace(case, dynamic=dynamic == "always")
+            if grad != "mixed":
+                case = dataclasses.replace(case, grad=grad == "always")
             res.generated += 1
             res.families.update(case.families())
             ran, ref, why = reference(case)
@@ -270,7 +318,7 @@ def fuzz(
                 continue
             if case.grad and not ran.grad:
                 res.nograd += 1
-            key = (ran.grad, ran.dynamic)
+            key = (ran.grad, ran.dynamic, ran.low_precision)
             pending[key].append(ran)
             if len(pending[key]) >= res.batch:
                 fz.run_batch(pending.pop(key))

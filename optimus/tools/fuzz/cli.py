@@ -8,9 +8,9 @@ import sys
 from typing import Any, Sequence
 
 from ...cli_json import add_json_arguments, json_targets
-from .campaign import DYNAMIC_MODES, FuzzResult, fuzz
+from .campaign import DYNAMIC_MODES, GRAD_MODES, FuzzResult, fuzz
 from .generate import generate
-from .oracle import ALIASING_MODES, resolve_passes
+from .oracle import ALIASING_MODES, ALL_LEVELS, resolve_passes
 from .program import LEVELS
 from .shrink import Failure
 
@@ -18,7 +18,13 @@ from .shrink import Failure
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cases", type=int, default=200, help="number of programs (default 200)")
     p.add_argument("--seed", type=int, default=0, help="seed of the program stream (default 0)")
-    p.add_argument("--level", choices=["both", *LEVELS], default="both", help="levels to check (default both)")
+    p.add_argument(
+        "--level",
+        choices=["both", *ALL_LEVELS],
+        default="both",
+        help="what to check: 'both' (default: optimus.optimize on Dynamo's graph, torch_ir, and on AOTAutograd's, aten_ir), "
+        "one of them, or 'compile' (optimus.compile end to end: Inductor, the safety net, the output guard)",
+    )
     p.add_argument(
         "--passes",
         default="vertical",
@@ -41,6 +47,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="mixed",
         help="symbolic shapes: 'mixed' (default: dynamic=True for ~15%% of cases), 'always' (also plain --dynamic: "
         "every case compiled with dynamic=True), 'never'",
+    )
+    p.add_argument(
+        "--grad",
+        choices=GRAD_MODES,
+        default="mixed",
+        help="gradients: 'mixed' (default: the generator's choice, ~80%% of cases), 'always', 'never' (forward only)",
     )
     add_json_arguments(p, "the summary and every failure", file_form=True)
     p.add_argument("--max-seconds", type=float, default=None, help="stop starting new cases after this many seconds")
@@ -91,6 +103,7 @@ def run_cli(args: argparse.Namespace) -> int:
         shrink_seconds=args.shrink_seconds or None,
         max_shrink=args.max_shrink,
         dynamic=args.dynamic,
+        grad=args.grad,
         max_failures=args.max_failures,
         max_seconds=args.max_seconds,
         progress=None if args.quiet else progress,

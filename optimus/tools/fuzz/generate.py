@@ -1,17 +1,22 @@
 """The program generator: ``generate(seed, index)`` builds case ``index`` of the stream
-for ``seed`` (deterministic), checking every statement on meta tensors as it goes.
+for ``seed`` (deterministic), running every statement as it goes on small CPU tensors
+that require grad as the case's arguments will, inside the statement's grad-mode,
+inference-mode and autocast regions: shapes, dtypes, ``requires_grad`` and what autograd
+refuses are known while the program is built.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import random
-from typing import Any, Callable, Sequence
+import warnings
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from .program import Case, InputSpec, Stmt
+from .program import BARE, PREFIXES, Case, InputSpec, Stmt
 
 
 class _Reject(Exception):
@@ -23,8 +28,8 @@ class _Val:
     """A tensor the program can use: a variable, or one chunk of a tuple variable."""
 
     name: str  # the variable, or the canonical expression of a chunk (``v3[1]``)
-    meta: torch.Tensor
-    kind: str  # "input", "fresh" (a new buffer), "view", "chunk"
+    meta: torch.Tensor  # its value while the program is built (a small CPU tensor)
+    kind: str  # "input", "state" (a parameter or buffer), "fresh" (a new buffer), "view", "chunk"
     root: str  # the variable whose storage it shares
     multi: bool = False  # derived from a multi-output view (split/chunk/unbind output)
     tuple_name: str | None = None
@@ -55,6 +60,18 @@ class _Group:
     source: _Val
 
 
+GRAD_OFF = ("torch.no_grad()", "torch.set_grad_enabled(False)", BARE + "torch.set_grad_enabled(False)")
+GRAD_ON = ("torch.enable_grad()", "torch.set_grad_enabled(True)")
+INFERENCE = "torch.inference_mode()"
+AUTOCAST = (
+    'torch.autocast("cpu", dtype=torch.bfloat16)',
+    'torch.autocast(device_type="cpu", dtype=torch.bfloat16)',
+    'torch.amp.autocast("cpu", dtype=torch.bfloat16)',
+    'torch.autocast("cpu")',
+)
+AUTOCAST_OFF = ('torch.autocast("cpu", enabled=False)', 'torch.autocast(device_type="cpu", enabled=False)')
+
+
 class _Gen:
     """Builds one random program, checking every statement on meta tensors as it goes."""
 
@@ -67,6 +84,9 @@ class _Gen:
         self.groups: list[_Group] = []
         self.nvar = 0
         self.grad = True
+        self.inputs: list[InputSpec] = []
+        self.ctx: list[str] = []  # the regions the next statement runs in, outermost first
+        self.autocast_used = False
         self.last_cat: tuple[list[torch.Tensor], int, bool] = ([], 0, False)  # pieces, dim, stack
 
     # ------------------------------------------------------------------ plumbing
@@ -75,21 +95,42 @@ class _Gen:
         self.nvar += 1
         return name
 
+    @contextlib.contextmanager
+    def regions(self) -> Iterator[None]:
+        """Enter the current regions (``self.ctx``), as the program will."""
+        with contextlib.ExitStack() as stack:
+            for entry in self.ctx:
+                stack.enter_context(eval(entry[len(BARE) :] if entry.startswith(BARE) else entry, self.ns))
+            yield
+
     def run(self, text: str) -> None:
         try:
-            exec(text, self.ns)
+            with self.regions():
+                exec(text, self.ns)
         except (RuntimeError, IndexError, ValueError, TypeError, NotImplementedError) as e:
             raise _Reject(str(e)) from None
 
     def eval(self, expr: str) -> Any:
         try:
-            return eval(expr, self.ns)
+            with self.regions():
+                return eval(expr, self.ns)
         except (RuntimeError, IndexError, ValueError, TypeError, NotImplementedError) as e:
             raise _Reject(str(e)) from None
 
     def emit(self, text: str, defs: Sequence[str] = (), family: str = "other", inplace: bool = False) -> None:
         self.run(text)
-        self.stmts.append(Stmt(text, tuple(defs), family, inplace))
+        self.stmts.append(Stmt(text, tuple(defs), family, inplace, tuple(self.ctx)))
+
+    def new_input(self, role: str, shape: Sequence[int], dtype: str = "float32") -> _Val:
+        """A new argument: a parameter (``w<i>``) or buffer (``b<i>``) of the program."""
+        prefix = PREFIXES[role]
+        k = sum(1 for spec in self.inputs if spec.name[0] == prefix)
+        spec = InputSpec(f"{prefix}{k}", tuple(shape), dtype, self.rng.randrange(2**31), role)
+        self.inputs.append(spec)
+        self.ns[spec.name] = spec.make(self.grad)
+        v = _Val(spec.name, self.ns[spec.name], "state" if spec.state else "input", spec.name)
+        self.vals.append(v)
+        return v
 
     def assign(self, rhs: str, family: str, kind: str, root: str | None = None, multi: bool = False) -> _Val:
         """``vN = rhs``; returns the new tensor."""
@@ -105,7 +146,7 @@ class _Gen:
         return v
 
     def attempt(self, step: Callable[[], Any]) -> bool:
-        snap = (len(self.stmts), len(self.vals), len(self.groups), self.nvar)
+        snap = (len(self.stmts), len(self.vals), len(self.groups), self.nvar, len(self.inputs), list(self.ctx), self.autocast_used)
         try:
             step()
             return True
@@ -116,6 +157,11 @@ class _Gen:
             for i in range(snap[3], self.nvar):
                 self.ns.pop(f"v{i}", None)
             self.nvar = snap[3]
+            for spec in self.inputs[snap[4] :]:
+                self.ns.pop(spec.name, None)
+            del self.inputs[snap[4] :]
+            self.ctx[:] = snap[5]
+            self.autocast_used = snap[6]
             return False
 
     def chance(self, p: float) -> bool:
@@ -125,8 +171,8 @@ class _Gen:
         cands = [v for v in self.vals if (pred is None or pred(v)) and v not in avoid]
         if not cands:
             raise _Reject("no operand")
-        n = len(cands)
-        weights = [1.0 + 4.0 * (i >= n - 3) - 0.6 * (v.kind == "input") for i, v in enumerate(cands)]
+        recent = {id(v) for v in [v for v in cands if v.kind != "state"][-3:]}
+        weights = [0.25 if v.kind == "state" else 1.0 + 4.0 * (id(v) in recent) - 0.6 * (v.kind == "input") for v in cands]
         return self.rng.choices(cands, weights)[0]
 
     def expr(self, v: _Val) -> str:
@@ -161,21 +207,23 @@ class _Gen:
         rng = self.rng
         self.grad = self.chance(0.8)
         dynamic = self.chance(0.15)
-        inputs = self.make_inputs()
-        for spec in inputs:
-            self.ns[spec.name] = spec.meta()
-            self.vals.append(_Val(spec.name, self.ns[spec.name], "input", spec.name))
-        steps = rng.randint(2, 9)
-        done = tries = 0
-        while done < steps and tries < 80:
-            tries += 1
-            if self.attempt(self.step):
-                done += 1
-        invalid = self.chance(0.012)
-        if invalid:
-            self.attempt(self.invalid_op)
-        outputs = self.choose_outputs()
-        return Case(tuple(inputs), tuple(self.stmts), tuple(outputs), self.grad, dynamic, self.seed, self.index)
+        with warnings.catch_warnings(), torch.enable_grad():
+            warnings.simplefilter("ignore")
+            self.inputs = self.make_inputs()
+            for spec in self.inputs:
+                self.ns[spec.name] = spec.make(self.grad)
+                self.vals.append(_Val(spec.name, self.ns[spec.name], "input", spec.name))
+            steps = rng.randint(2, 9)
+            done = tries = 0
+            while done < steps and tries < 80:
+                tries += 1
+                if self.attempt(self.step):
+                    done += 1
+            invalid = self.chance(0.012)
+            if invalid:
+                self.attempt(self.invalid_op)
+            outputs = self.choose_outputs()
+        return Case(tuple(self.inputs), tuple(self.stmts), tuple(outputs), self.grad, dynamic, self.seed, self.index)
 
     def make_inputs(self) -> list[InputSpec]:
         rng = self.rng
@@ -197,18 +245,20 @@ class _Gen:
                 shapes.append([rng.randint(1, 6) for _ in range(rng.randint(1, 4))])
         f64 = rng.randrange(n) if self.chance(0.06) else -1
         return [
-            InputSpec(f"x{i}", tuple(s), "float64" if i == f64 else "float32", rng.randrange(2**31))
+            InputSpec(f"x{i}", tuple(s), "float64" if i == f64 else "float32", rng.randrange(2**31), "data" if self.chance(0.12) else "input")
             for i, s in enumerate(shapes)
         ]
 
     def step(self) -> None:
         names = [
             "split", "cat", "stack", "unbind", "getitem", "slice", "select", "view", "permute",
-            "squeeze", "unary", "binary", "inplace", "clone", "motif",
+            "squeeze", "unary", "binary", "inplace", "clone", "motif", "region", "towers", "state", "cast",
         ]  # fmt: skip
-        weights = [12, 9, 4, 5, 2, 7, 4, 8, 6, 6, 7, 7, 4, 2, 22]
+        weights = [12, 9, 4, 5, 2, 7, 4, 8, 6, 6, 7, 7, 4, 2, 22, 10, 6, 4, 1]
         if not self.groups:
             weights[names.index("cat")] = 4
+        if len(self.ctx) >= 3:  # regions nest at most three deep
+            weights[names.index("region")] = 0
         name = self.rng.choices(names, weights)[0]
         getattr(self, f"g_{name}")()
 
@@ -218,7 +268,7 @@ class _Gen:
         for s in self.stmts:
             used.update(s.uses)
         outs: list[str] = []
-        sinks = [v for v in self.vals if v.kind != "input" and v.tuple_name is None and v.name not in used]
+        sinks = [v for v in self.vals if v.kind not in ("input", "state") and v.tuple_name is None and v.name not in used]
         for v in reversed(sinks):
             if len(outs) < 5:
                 outs.append(v.name)
@@ -234,12 +284,33 @@ class _Gen:
             outs.append(rng.choice(tuples))  # a whole tuple of chunks
         if self.chance(0.05):
             outs.append(rng.choice([v for v in self.vals if v.kind == "input"]).name)
+        buffers = [v for v in self.vals if v.kind == "state" and v.name.startswith("b")]
+        if buffers and self.chance(0.3):  # state the program updated, returned
+            outs.append(rng.choice(buffers).name)
+        if self.chance(0.07):  # a view of an argument, returned
+            self.attempt(lambda: outs.append(self.view_of(self.pick(lambda v: v.kind in ("input", "state"))).name))
         if not outs:
             outs.append(self.vals[-1].name if self.vals[-1].tuple_name is None else self.expr(self.vals[-1]))
+        named = [v for v in self.vals if v.name in outs and v.tuple_name is None and v.name in self.ns]  # (not the invalid op's)
+        if named and self.chance(0.06):  # an output and a view of it
+            base = rng.choice(named)
+            self.attempt(lambda: outs.append(self.view_of(base).name))
         if self.chance(0.08):
             outs.append(rng.choice(outs))  # the same tensor returned twice
         rng.shuffle(outs)
         return outs
+
+    def view_of(self, t: _Val) -> _Val:
+        """``vN`` = a view of ``t`` (transposed, a row, flattened, unsqueezed, detached)."""
+        e = self.expr(t)
+        forms = [f"{e}.unsqueeze(0)", f"{e}.detach()", f"{e}[None]"]
+        if t.rank >= 1 and t.shape[0] > 0:
+            forms += [f"{e}[0]", f"{e}[{t.shape[0] - 1}:]"]
+        if t.rank >= 2:
+            forms += [f"{e}.transpose(0, -1)", f"{e}.t()" if t.rank == 2 else f"{e}.flatten(1)"]
+        if t.meta.is_contiguous():
+            forms.append(f"{e}.view(-1)")
+        return self.assign(self.rng.choice(forms), "view", "view", t.root, t.multi)
 
     # -------------------------------------------------------------- tuples
     def tuple_result(self, rhs: str, family: str, op: str, src: _Val, dim: int) -> _Group:
@@ -684,8 +755,12 @@ class _Gen:
 
     def writable(self) -> _Val:
         """A tensor an in-place op may write. With grad: a fresh non-leaf buffer (autograd
-        forbids writes to leaves and to outputs of multi-output views)."""
+        forbids writes to leaves and to outputs of multi-output views), a buffer or a data
+        input."""
         if self.grad:
+            own = [v for v in self.vals if v.tuple_name is None and v.kind in ("input", "state") and not v.meta.requires_grad]
+            if own and self.chance(0.2):
+                return self.rng.choice(own)
             fresh = [v for v in self.vals if v.kind == "fresh"]
             if not fresh or self.chance(0.4):
                 t = self.pick(lambda v: v.kind != "fresh")
@@ -707,7 +782,11 @@ class _Gen:
                 forms.append(f"{e} += {eb}")
         if t.rank >= 1 and t.shape[-1] > 1:
             forms.append(f"{self.slice_expr(t, t.rank - 1, 0, rng.randint(1, t.shape[-1]))}.mul_(0.5)")
+        base = len(self.ctx)
+        if self.grad and t.kind in ("input", "state"):  # an argument's state is written outside autograd
+            self.ctx.append(rng.choice(GRAD_OFF))
         self.emit(rng.choice(forms), (), "inplace", True)
+        del self.ctx[base:]
 
     def g_motif(self) -> None:
         name = self.rng.choices(
@@ -973,6 +1052,265 @@ class _Gen:
         self.g_inplace(target=t)
         if views:
             self.g_unary(src=rng.choice(views))
+
+    # -------------------------------------------------------------- regions
+    def g_region(self) -> None:
+        """A grad-mode, inference-mode or autocast region around a few steps; sometimes
+        with a region inside that turns the mode back (``enable_grad`` inside ``no_grad``,
+        autocast disabled inside autocast)."""
+        rng = self.rng
+        kind = rng.choices(["no_grad", "enable_in_no_grad", "inference", "autocast", "autocast_off"], [8, 3, 2, 4, 2])[0]
+        inner = None
+        if kind in ("no_grad", "enable_in_no_grad"):
+            outer = rng.choice(GRAD_OFF)
+            if kind == "enable_in_no_grad":
+                inner = rng.choice(GRAD_ON)
+        elif kind == "inference":
+            outer = INFERENCE
+        else:
+            outer = rng.choice(AUTOCAST)
+            self.autocast_used = True
+            if kind == "autocast_off":
+                inner = rng.choice(AUTOCAST_OFF)
+        base = len(self.ctx)
+        self.ctx.append(outer)
+        done = self.region_steps(rng.randint(1, 3))
+        if inner is not None:
+            self.ctx.append(inner)
+            done += self.region_steps(rng.randint(1, 2))
+            self.ctx.pop()
+            if self.chance(0.4):
+                done += self.region_steps(1)
+        del self.ctx[base:]
+        if not done:
+            raise _Reject("empty region")
+
+    def region_steps(self, n: int) -> int:
+        done = tries = 0
+        while done < n and tries < 4 * n:
+            tries += 1
+            done += self.attempt(self.region_step)
+        return done
+
+    def region_step(self) -> None:
+        name = self.rng.choices(["towers", "step", "detach"], [3, 6, 1])[0]
+        if name == "towers":
+            self.g_towers()
+        elif name == "detach":
+            self.m_detach()
+        else:
+            self.step()
+
+    def autocast_on(self) -> bool:
+        """Whether the innermost autocast region (if any) is enabled."""
+        for entry in reversed(self.ctx):
+            if "autocast" in entry:
+                return "enabled=False" not in entry
+        return False
+
+    def tower_region(self) -> str:
+        rng = self.rng
+        kind = rng.choices(["grad_off", "grad_on", "inference", "autocast"], [6, 1, 1, 2])[0]
+        if kind == "autocast":
+            self.autocast_used = True
+            return rng.choice(AUTOCAST)
+        return {"grad_off": lambda: rng.choice(GRAD_OFF), "grad_on": lambda: rng.choice(GRAD_ON), "inference": lambda: INFERENCE}[kind]()
+
+    def param(self, shape: Sequence[int], frozen_p: float, dtype: str) -> _Val:
+        return self.new_input("frozen" if self.chance(frozen_p) else "param", shape, dtype)
+
+    def g_towers(self) -> None:
+        """Towers: the same layers (linear / matmul / addmm / bmm, layer_norm, activation)
+        applied with their own parameters to one input, to the chunks of a split, or to
+        tensors of one shape; some towers under no_grad, inference_mode or autocast, some
+        parameters frozen or detached; the results concatenated, stacked, summed or left
+        apart. The material of the horizontal rules (batch_linear, batch_linear_lhs,
+        batch_layer_norm, batch_pointwise, batch_mm) and of their region checks."""
+        rng = self.rng
+        src = self.pick(lambda v: v.rank in (2, 3) and v.meta.numel() > 0 and v.meta.is_floating_point() and v.kind != "state")
+        if src.meta.dtype not in (torch.float32, torch.float64) and not self.autocast_on():
+            e = self.expr(src)
+            src = self.assign(rng.choice([f"{e}.float()", f"{e}.to(torch.float32)"]), "cast", "fresh")
+        dtype = "float64" if src.meta.dtype == torch.float64 else "float32"
+        rank, d = src.rank, src.shape[-1]
+        k = rng.randint(2, 6)
+        layout = rng.choices(["shared", "split", "pool"], [4, 5, 2])[0]
+        xs = [src] * k
+        if layout == "split":
+            sizes = [c for c in range(1, d) if d % c == 0 and d // c <= 6]
+            if sizes:
+                c = rng.choice(sizes)
+                e = self.expr(src)
+                rhs = rng.choice([f"{e}.split({c}, -1)", f"torch.split({e}, {c}, dim={rank - 1})", f"torch.chunk({e}, {d // c}, -1)"])
+                xs = self.tuple_result(rhs, "split", "split", src, rank - 1).chunks
+        elif layout == "pool":
+            same = [v for v in self.vals if v.shape == src.shape and v.meta.dtype == src.meta.dtype and v is not src and v.kind != "state"]
+            if same:
+                xs = [src] + rng.sample(same, min(len(same), k - 1))
+        op = rng.choices(["linear", "matmul", "addmm", "bmm", "none"], [6, 3, 1, 1, 2])[0]
+        if (op == "addmm" and rank != 2) or (op == "bmm" and rank != 3):
+            op = "linear"
+        n = rng.randint(1, 6)
+        bias = op == "addmm" or (op == "linear" and self.chance(0.5))
+        norm = "before" if op == "none" else rng.choices([None, "before", "after"], [5, 2, 2])[0]
+        norm_form = rng.randrange(3)
+        affine = self.chance(0.7)
+        act = rng.choice(["relu", "tanh", "sigmoid"]) if self.chance(0.6) else None
+        pattern = rng.choices(["plain", "one", "mixed", "all"], [3, 4, 3, 2])[0]
+        region = self.tower_region()
+        target = rng.randrange(len(xs))
+        frozen_p = rng.choice([0.0, 0.3, 0.6])
+        base = len(self.ctx)
+        outs = []
+        for i, x in enumerate(xs):
+            if pattern == "all" or (pattern == "one" and i == target):
+                self.ctx.append(region)
+            elif pattern == "mixed" and self.chance(0.5):
+                self.ctx.append(self.tower_region())
+            h = x
+            if norm == "before":
+                h = self.layer_norm(h, affine, norm_form, frozen_p, dtype)
+            if op != "none":
+                h = self.tower_op(op, h, n, bias, frozen_p, dtype)
+            if act:
+                e = self.expr(h)
+                h = self.assign(rng.choice([f"{e}.{act}()", f"torch.{act}({e})"]), "unary", "fresh")
+            if norm == "after":
+                h = self.layer_norm(h, affine, norm_form, frozen_p, dtype)
+            del self.ctx[base:]
+            outs.append(h)
+        how = rng.choices(["cat", "stack", "sum", "apart"], [5, 2, 1, 2])[0]
+        items = "[" + ", ".join(self.expr(o) for o in outs) + "]"
+        if how == "cat":
+            self.assign(self.cat_fn(items, self.dim(outs[0].rank - 1, outs[0].rank)), "cat", "fresh")
+        elif how == "stack":
+            self.assign(self.cat_fn(items, 0, stack=True), "stack", "fresh")
+        elif how == "sum":
+            self.assign(" + ".join(self.expr(o) for o in outs), "binary", "fresh")
+
+    def tower_op(self, op: str, h: _Val, n: int, bias: bool, frozen_p: float, dtype: str) -> _Val:
+        rng = self.rng
+        e, cin = self.expr(h), h.shape[-1]
+        if op == "linear":
+            w = self.param((n, cin), frozen_p, dtype).name
+            if self.chance(0.1):
+                w = f"{w}.detach()"
+            if bias:
+                b = self.param((n,), frozen_p, dtype).name
+                rhs = rng.choice([f"F.linear({e}, {w}, {b})", f"F.linear({e}, {w}, bias={b})", f"torch.nn.functional.linear({e}, {w}, {b})"])
+            else:
+                rhs = rng.choice([f"F.linear({e}, {w})", f"torch.nn.functional.linear({e}, {w})"])
+        elif op == "matmul":
+            w = self.param((cin, n), frozen_p, dtype).name
+            forms = [f"{e} @ {w}", f"torch.matmul({e}, {w})"] + ([f"torch.mm({e}, {w})", f"{e}.mm({w})"] if h.rank == 2 else [])
+            rhs = rng.choice(forms)
+        elif op == "addmm":
+            w = self.param((cin, n), frozen_p, dtype).name
+            b = self.param((n,), frozen_p, dtype).name
+            rhs = rng.choice([f"torch.addmm({b}, {e}, {w})", f"{b}.addmm({e}, {w})"])
+        else:  # bmm
+            w = self.param((h.shape[0], cin, n), frozen_p, dtype).name
+            rhs = rng.choice([f"torch.bmm({e}, {w})", f"{e}.bmm({w})"])
+        return self.assign(rhs, "linear", "fresh")
+
+    def layer_norm(self, h: _Val, affine: bool, form: int, frozen_p: float, dtype: str) -> _Val:
+        e, c = self.expr(h), h.shape[-1]
+        if not affine:
+            rhs = [f"F.layer_norm({e}, ({c},))", f"F.layer_norm({e}, [{c}], eps=1e-6)", f"torch.layer_norm({e}, [{c}])"][form]
+        else:
+            g = self.param((c,), frozen_p, dtype).name
+            b = self.param((c,), frozen_p, dtype).name
+            rhs = [f"F.layer_norm({e}, ({c},), {g}, {b})", f"F.layer_norm({e}, [{c}], weight={g}, bias={b}, eps=1e-6)", f"torch.layer_norm({e}, [{c}], {g}, {b})"][form]
+        return self.assign(rhs, "norm", "fresh")
+
+    # -------------------------------------------------------------- state
+    def g_state(self) -> None:
+        if self.chance(0.65):
+            self.m_buffer()
+        else:
+            self.m_update_argument()
+
+    def m_buffer(self) -> None:
+        """A buffer (module state) updated in place: a running average (under no_grad or of
+        a detached value), a copy, a counter, a write through a view; sometimes read after."""
+        rng = self.rng
+        t = self.pick(lambda v: v.rank >= 1 and v.kind != "state" and v.meta.numel() > 0 and v.meta.is_floating_point())
+        reduce = t.rank >= 2 and self.chance(0.4)
+        shape = t.shape[1:] if reduce else t.shape
+        dtype = "float64" if t.meta.dtype == torch.float64 else "float32"
+        existing = [v for v in self.vals if v.kind == "state" and v.name.startswith("b") and v.shape == shape]
+        buf = rng.choice(existing) if existing and self.chance(0.5) else self.new_input("buffer", shape, dtype)
+        b, e = buf.name, self.expr(t)
+        src = f"{e}.mean(0)" if reduce else e
+        m = rng.choice([0.9, 0.5, 0.99])
+        rest = round(1 - m, 4)
+        form = rng.choices(["ema_no_grad", "ema_detach", "copy", "count", "view_write"], [4, 3, 2, 2, 1])[0]
+        base = len(self.ctx)
+        if form in ("ema_no_grad", "copy") and (self.grad or self.chance(0.5)):
+            self.ctx.append(rng.choice(GRAD_OFF))
+        if form == "ema_no_grad":
+            self.emit(f"{b}.mul_({m})", (), "state", True)
+            self.emit(rng.choice([f"{b}.add_({src}, alpha={rest})", f"{b}.add_({src} * {rest})"]), (), "state", True)
+        elif form == "ema_detach":
+            self.emit(f"{b}.mul_({m}).add_({src}.detach(), alpha={rest})", (), "state", True)
+        elif form == "copy":
+            self.emit(rng.choice([f"{b}.copy_({src})", f"{b}.copy_({src}.detach())"]), (), "state", True)
+        elif form == "count":
+            self.emit(f"{b}.add_(1)", (), "state", True)
+        else:
+            if buf.shape[-1] < 1:
+                raise _Reject("empty")
+            self.emit(f"{self.slice_expr(buf, buf.rank - 1, 0, rng.randint(1, buf.shape[-1]))}.mul_(0.5)", (), "state", True)
+        del self.ctx[base:]
+        if self.chance(0.5):
+            other = self.partner(buf)
+            if other is not None and other.kind != "state":
+                self.assign(rng.choice([f"{self.expr(other)} * {b}", f"{b} + {self.expr(other)}"]), "binary", "fresh")
+
+    def m_update_argument(self) -> None:
+        """An input or parameter updated in place, under no_grad where it requires grad
+        (an optimizer step's form)."""
+        rng = self.rng
+        t = self.pick(lambda v: v.kind in ("input", "state") and v.tuple_name is None and v.rank >= 1 and v.meta.numel() > 0)
+        e = t.name
+        base = len(self.ctx)
+        if t.meta.requires_grad or self.chance(0.3):
+            self.ctx.append(rng.choice(GRAD_OFF))
+        forms = [f"{e}.add_(0.5)", f"{e}.mul_(0.9)", f"{e}[0].zero_()", f"{self.slice_expr(t, t.rank - 1, 0, 1)}.mul_(2)"]
+        other = self.partner(t, other_storage=True)
+        if other is not None and torch.broadcast_shapes(t.shape, other.shape) == t.shape:
+            o = self.expr(other)
+            forms += [f"{e}.sub_({o}, alpha=0.1)", f"{e}.copy_({o})", f"{e}.add_({o}.detach() * 0.01)"]
+        self.emit(rng.choice(forms), (), "state", True)
+        del self.ctx[base:]
+
+    def m_detach(self) -> None:
+        """``detach``: a detached copy used next to the original (stop-gradient,
+        straight-through)."""
+        rng = self.rng
+        t = self.pick(lambda v: v.meta.is_floating_point() and v.kind != "state")
+        e = self.expr(t)
+        other = self.partner(t)
+        forms = [f"{e}.detach()", f"torch.detach({e})", f"{e} * {e}.detach()", f"{e}.detach() + {e}"]
+        if other is not None and torch.broadcast_shapes(t.shape, other.shape) == t.shape:
+            forms.append(f"{e} + ({self.expr(other)} - {e}).detach()")
+        rhs = rng.choice(forms)
+        if rhs.endswith(".detach()") or rhs.startswith("torch.detach("):
+            self.assign(rhs, "clone", "view", t.root, t.multi)
+        else:
+            self.assign(rhs, "binary", "fresh")
+
+    def g_cast(self) -> None:
+        rng = self.rng
+        low = [v for v in self.vals if v.meta.dtype == torch.bfloat16]
+        if low and self.chance(0.7):
+            e = self.expr(rng.choice(low))
+            self.assign(rng.choice([f"{e}.float()", f"{e}.to(torch.float32)"]), "cast", "fresh")
+        elif self.autocast_used:
+            e = self.expr(self.pick(lambda v: v.meta.dtype == torch.float32 and v.kind != "state"))
+            self.assign(rng.choice([f"{e}.to(torch.bfloat16)", f"{e}.bfloat16()"]), "cast", "fresh")
+        else:
+            raise _Reject("no cast")
 
     def invalid_op(self) -> None:
         """A deliberately invalid op (out-of-range dim or index): eager must reject it."""

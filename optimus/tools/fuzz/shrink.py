@@ -8,7 +8,7 @@ import time
 from typing import Any, Callable, Iterator
 
 from .oracle import LevelResult, check_case
-from .program import _NAME, Case, Stmt, _rename
+from .program import _NAME, BARE, Case, Stmt, _rename
 
 
 def _dce(case: Case) -> Case:
@@ -75,6 +75,20 @@ def _candidates(case: Case) -> Iterator[Case]:
                 outputs = tuple(chunk.sub(u, o) for o in case.outputs)
                 if rest != case.stmts[i + 1 :] or outputs != case.outputs:
                     yield _dce(dataclasses.replace(case, stmts=case.stmts[: i + 1] + rest, outputs=outputs))
+    entries = list(dict.fromkeys(e for s in case.stmts for e in s.ctx))
+    for entry in entries:  # leave a region out: its statements run in the regions around it
+        yield dataclasses.replace(case, stmts=tuple(dataclasses.replace(s, ctx=tuple(e for e in s.ctx if e != entry)) for s in case.stmts))
+    for i, s in enumerate(case.stmts):  # one statement out of its innermost region
+        if s.ctx:
+            yield dataclasses.replace(case, stmts=case.stmts[:i] + (dataclasses.replace(s, ctx=s.ctx[:-1]),) + case.stmts[i + 1 :])
+    for entry in entries:  # a bare set_grad_enabled as a with block
+        if entry.startswith(BARE):
+            plain = entry[len(BARE) :]
+            yield dataclasses.replace(case, stmts=tuple(dataclasses.replace(s, ctx=tuple(plain if e == entry else e for e in s.ctx)) for s in case.stmts))
+    for k, spec in enumerate(case.inputs):  # a parameter as a plain input, a frozen one as data
+        simpler = {"param": "input", "frozen": "data"}.get(spec.role)
+        if simpler:
+            yield dataclasses.replace(case, inputs=case.inputs[:k] + (dataclasses.replace(spec, role=simpler),) + case.inputs[k + 1 :])
     if case.dynamic:
         yield dataclasses.replace(case, dynamic=False)
     if case.grad:
@@ -98,7 +112,7 @@ def _sub_rhs(pattern: re.Pattern, repl: str, s: Stmt) -> str:
     return pattern.sub(repl, s.text)
 
 
-def shrink(case: Case, still_fails: Callable[[Case], bool], max_tries: int = 300, max_seconds: float = 90.0) -> tuple[Case, int]:
+def shrink(case: Case, still_fails: Callable[[Case], bool], max_tries: int = 600, max_seconds: float = 90.0) -> tuple[Case, int]:
     """Greedy reduction: keep the first smaller variant that still fails, until none does
     (or the budget is spent). Returns (smallest failing case, tries)."""
     deadline = time.perf_counter() + max_seconds
@@ -186,8 +200,13 @@ def signature(r: LevelResult) -> str:
     """What a shrunk case must still show: the failure kind, and which mismatch (aliasing,
     outputs, gradients, inputs written in place), exception type or failing rule."""
     if r.kind == "mismatch":
-        m = re.match(r"(output aliasing lost|output aliasing|output structure|outputs' requires_grad|output|grad|input)", r.message)
-        return f"mismatch:{m.group(1) if m else ''}"
+        m = re.match(r"(call \d+: )?(output aliasing lost|output aliasing|output structure|outputs' requires_grad|output|grad of parameter|grad|input)", r.message)
+        if not m:
+            return "mismatch:"
+        return f"mismatch:{m.group(2)}" + (f" ({m.group(1)[:-2]})" if m.group(1) else "")
+    if r.kind == "fallback":
+        m = re.search(r"(autograd differs|raised \((\w+)|failed \((\w+))", r.message)
+        return f"fallback:{(m.group(2) or m.group(3) or 'autograd') if m else ''}"
     if r.kind == "graph_error":
         m = re.search(r"raised (\w+)", r.message)
         return f"graph_error:{m.group(1) if m else ''}"
@@ -201,7 +220,7 @@ def signature(r: LevelResult) -> str:
 
 def _still_fails(level: str, sig: str, passes: Any, aliasing: str = "new") -> Callable[[Case], bool]:
     def test(c: Case) -> bool:
-        r = check_case(c, (level,), passes, baseline=False, aliasing=aliasing).levels.get(level)
+        r = check_case(c, (level,), passes, aliasing=aliasing).levels.get(level)  # a failure of torch's own is no reduction
         return r is not None and r.failed and signature(r) == sig
 
     return test
@@ -224,7 +243,9 @@ def format_reproducer(f: Failure) -> str:
     m, r = f.minimized, f.min_result
     rules = ", ".join(f"{k} x{v}" for k, v in sorted(r.fired.items())) or "none"
     src = m.source()
-    inputs = ", ".join(f'InputSpec("{i.name}", {tuple(i.shape)}, "{i.dtype}", seed={i.seed})' for i in m.inputs)
+    inputs = ", ".join(
+        f'InputSpec("{i.name}", {tuple(i.shape)}, "{i.dtype}", seed={i.seed}' + (f', role="{i.role}")' if i.role != "input" else ")") for i in m.inputs
+    )
     name = re.sub(r"\W+", "_", f"fuzz_seed{m.seed}_case{m.index}_{f.level}")
     bar = "=" * 78
     lines = [

@@ -1,0 +1,211 @@
+"""Where gradients flow in a Torch-IR graph, and what a rewrite must keep of it.
+
+A Torch-IR graph of a training step still carries autograd's meaning: each value either
+requires grad (its example value says so) or not, and gradients stop where a value that
+requires none is computed from one that does (a **cut**: an op under ``no_grad`` or
+``inference_mode``, ``detach()``, ``zeros_like``). Two rewrites can change who gets a
+gradient without changing any value:
+
+* **a replacement reaching around a cut**: ``cat([x[:, :2] computed under no_grad,
+  x[:, 2:]])`` equals ``x[:, 0:4]``, but only the second half of ``x`` receives a
+  gradient in eager; the slice gives all of ``x`` one. ``GradFlow.problem`` declines a
+  replacement that lets gradient reach a value along a path that crossed a cut, or whose
+  result requires grad where the old value did not (or the reverse);
+* **merging a member whose result no gradient reaches**: a linear whose output is only
+  used detached leaves its weight's ``.grad`` at ``None``; batched with siblings, the
+  stack's backward gives it zeros, and an optimizer treats zeros and ``None``
+  differently (weight decay, momentum). ``GradFlow.dropped`` marks such members, and
+  horizontal groups (``core/group.py``) never mix them with members whose gradient is
+  used.
+
+Aten-IR graphs have no autograd left (the partitioner has applied it; nothing requires
+grad), and neither do inference graphs: there every check here is free.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+import torch
+import torch.fx as fx
+
+from .regions import AMBIENT, Regions
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [v for v in value if isinstance(v, torch.Tensor)]
+    return []
+
+
+def _differentiable(t: torch.Tensor) -> bool:
+    return t.dtype.is_floating_point or t.dtype.is_complex
+
+
+class GradFlow:
+    """Autograd facts of one graph.
+
+    ``val`` gives a node's example value (``GraphView.val``); ``regions`` its grad-mode
+    regions; ``ambient_grad`` the grad mode the graph was compiled under; ``autograd``
+    whether the level keeps autograd's meaning (Torch-IR) or not (Aten-IR: all free).
+
+    Whether a value requires grad is derived, in graph order: an input as its example value
+    says; an op's result when it runs with gradients recorded, is differentiable, one of
+    its inputs requires grad and its example value does not say otherwise (``detach``,
+    ``zeros_like``). Dynamo's example values alone are not enough: those of ops under
+    ``no_grad`` still say ``requires_grad=True``. A node a rule builds is judged the same
+    way (its metadata was computed under ``no_grad``), and kept once committed.
+    """
+
+    def __init__(self, graph: fx.Graph, val: Callable[[Any], Any], regions: Regions, ambient_grad: bool, autograd: bool = True) -> None:
+        self.graph = graph
+        self.val = val
+        self.regions = regions
+        self.ambient_grad = ambient_grad
+        self._rg: dict[fx.Node, bool] = {}
+        if autograd:
+            for n in graph.nodes:
+                self._rg[n] = self._derive(n, self._rg.__getitem__, trust_meta=True)
+        self.active = any(self._rg.values())
+
+    def __bool__(self) -> bool:
+        """Whether any value of the graph requires grad (a training graph)."""
+        return self.active
+
+    # ------------------------------------------------------------ facts
+    def _derive(self, node: fx.Node, rg_of: Callable[[fx.Node], bool], trust_meta: bool) -> bool:
+        if node.op in ("placeholder", "get_attr"):
+            return any(t.requires_grad for t in _tensors(self.val(node)))
+        if node.op not in ("call_function", "call_method", "call_module"):
+            return False
+        out = _tensors(self.val(node))
+        if out and not any(_differentiable(t) for t in out):
+            return False
+        if trust_meta and out and not any(t.requires_grad for t in out):
+            return False  # detach, zeros_like, an integer result: autograd records nothing
+        if node.target in ("detach", torch.detach, torch.Tensor.detach):
+            return False
+        return self.grad_enabled_at(node) and any(rg_of(i) for i in node.all_input_nodes)
+
+    def _requires_grad(self, node: Any) -> bool:
+        return isinstance(node, fx.Node) and self._rg.get(node, False)
+
+    def grad_enabled_at(self, node: fx.Node) -> bool:
+        """Whether ``node`` runs with gradients recorded (an unknown flag counts as on)."""
+        grad, inference, _ = self.regions.state_at(node)
+        if any(flag is not False for flag in inference):
+            return False
+        if grad == AMBIENT:
+            return self.ambient_grad
+        return grad is not False
+
+    def is_cut(self, node: fx.Node) -> bool:
+        """A differentiable value that requires no grad though one of its inputs does."""
+        if node.op not in ("call_function", "call_method", "call_module") or self._requires_grad(node):
+            return False
+        out = _tensors(self.val(node))
+        if out and not any(_differentiable(t) for t in out):
+            return False
+        return any(self._requires_grad(i) for i in node.all_input_nodes)
+
+    def requires_grad(self, node: fx.Node, built: set[fx.Node]) -> bool:
+        """``requires_grad`` of ``node``'s result; ``built``: the new nodes of a rewrite
+        not committed yet (judged from their inputs and region)."""
+        if node not in built:
+            return self._requires_grad(node)
+        return self._derive(node, lambda i: self.requires_grad(i, built), trust_meta=False)
+
+    def mark_built(self, new_nodes: list[fx.Node]) -> None:
+        """Keep the facts of a committed rewrite's new nodes."""
+        if not self.active:
+            return
+        built = set(new_nodes)
+        flags = {n: self.requires_grad(n, built) for n in new_nodes}
+        self._rg.update(flags)
+
+    # ------------------------------------------------------------ rewrites
+    def problem(self, pairs: list[tuple[fx.Node, fx.Node]], new_nodes: Iterable[fx.Node]) -> str | None:
+        """Why replacing each ``old`` by its ``new`` would change who gets a gradient, if it
+        would: the result's ``requires_grad`` changes, or gradient from the replacement
+        reaches a value that, in the graph as it is, gets gradient from ``old`` only
+        through a cut (or not at all)."""
+        if not self.active:
+            return None
+        built = set(new_nodes)
+        for old, new in pairs:
+            want, got = self._requires_grad(old), self.requires_grad(new, built)
+            if want != got:
+                return (f"{new.name} would {'' if got else 'not '}require grad where {old.name} "
+                        f"{'does' if want else 'does not'} (a value computed under no_grad or detached)")
+            if not got:
+                continue
+            reads = self._grad_reads(new, built)
+            reached = self._reached_without_cut(old, reads)
+            for r in reads:
+                if r not in reached:
+                    return f"gradient from {new.name} would reach {r.name}, which gets none from {old.name} but through a no_grad region or a detach"
+        return None
+
+    def _grad_reads(self, new: fx.Node, built: set[fx.Node]) -> list[fx.Node]:
+        """The existing nodes gradient flows into from ``new`` (through the new nodes that
+        record gradients)."""
+        if new not in built:
+            return [new] if self._requires_grad(new) else []
+        reads: dict[fx.Node, None] = {}
+        stack, seen = [new], {new}
+        while stack:
+            n = stack.pop()
+            if not self.requires_grad(n, built):
+                continue
+            for i in n.all_input_nodes:
+                if i in seen:
+                    continue
+                seen.add(i)
+                if i in built:
+                    stack.append(i)
+                elif self._requires_grad(i):
+                    reads[i] = None
+        return list(reads)
+
+    def _reached_without_cut(self, old: fx.Node, targets: list[fx.Node]) -> set[fx.Node]:
+        """Of ``targets``, those that get gradient from ``old`` along every path that reaches
+        them: walk back from ``old`` through values requiring grad; a target also reachable
+        only through a cut, or through a cut as well, is left out. The walk stops below
+        the earliest target."""
+        if not targets:
+            return set()
+        floor = min(t._sort_key for t in targets)
+        wanted = set(targets)
+        clean: set[fx.Node] = set()
+        behind_cut: set[fx.Node] = set()
+        stack: list[tuple[fx.Node, bool]] = [(old, False)]
+        seen: set[tuple[fx.Node, bool]] = set()
+        while stack:
+            n, cut = stack.pop()
+            if (n, cut) in seen or n._sort_key < floor:
+                continue
+            seen.add((n, cut))
+            if n in wanted and n is not old:
+                (behind_cut if cut else clean).add(n)
+            through = cut or self.is_cut(n)
+            for i in n.all_input_nodes:
+                stack.append((i, through))
+        return {t for t in targets if t in clean and t not in behind_cut} | ({old} & wanted)
+
+    # ------------------------------------------------------------ groups
+    def dropped(self) -> set[fx.Node]:
+        """Values that require grad but that no gradient ever reaches: no graph output is
+        computed from them along a path where gradient flows (only detached, only used
+        under no_grad, ...). Their inputs' ``.grad`` stays ``None`` in eager."""
+        if not self.active:
+            return set()
+        used: set[fx.Node] = set()
+        out = next((n for n in reversed(self.graph.nodes) if n.op == "output"), None)
+        for n in reversed(list(self.graph.nodes)):
+            if not self._requires_grad(n):
+                continue
+            if (out is not None and out in n.users) or any(u in used for u in n.users):
+                used.add(n)
+        return {n for n in self.graph.nodes if n.op not in ("placeholder", "get_attr", "output") and self._requires_grad(n) and n not in used}
