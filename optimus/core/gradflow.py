@@ -128,24 +128,30 @@ class GradFlow:
     # ------------------------------------------------------------ rewrites
     def problem(self, pairs: list[tuple[fx.Node, fx.Node]], new_nodes: Iterable[fx.Node]) -> str | None:
         """Why replacing each ``old`` by its ``new`` would change who gets a gradient, if it
-        would: the result's ``requires_grad`` changes, or gradient from the replacement
-        reaches a value that, in the graph as it is, gets gradient from ``old`` only
-        through a cut (or not at all)."""
+        would: a result's ``requires_grad`` changes, or gradient from the replacements
+        reaches a value that, in the graph as it is, gets gradient from the replaced values
+        only through a cut (or not at all). The pairs count together: the members of a
+        horizontal group are slices of one batched op whose backward reads every member's
+        inputs, as the members together did."""
         if not self.active:
             return None
         built = set(new_nodes)
+        olds: list[fx.Node] = []
+        reads: dict[fx.Node, fx.Node] = {}
         for old, new in pairs:
             want, got = self._requires_grad(old), self.requires_grad(new, built)
             if want != got:
                 return (f"{new.name} would {'' if got else 'not '}require grad where {old.name} "
                         f"{'does' if want else 'does not'} (a value computed under no_grad or detached)")
-            if not got:
-                continue
-            reads = self._grad_reads(new, built)
-            reached = self._reached_without_cut(old, reads)
-            for r in reads:
-                if r not in reached:
-                    return f"gradient from {new.name} would reach {r.name}, which gets none from {old.name} but through a no_grad region or a detach"
+            if got:
+                olds.append(old)
+                for r in self._grad_reads(new, built):
+                    reads.setdefault(r, new)
+        reached = self._reached_without_cut(olds, list(reads))
+        for r, new in reads.items():
+            if r not in reached:
+                names = ", ".join(o.name for o in olds[:3]) + (", ..." if len(olds) > 3 else "")
+                return f"gradient from {new.name} would reach {r.name}, which gets none from {names} but through a no_grad region or a detach"
         return None
 
     def _grad_reads(self, new: fx.Node, built: set[fx.Node]) -> list[fx.Node]:
@@ -169,30 +175,30 @@ class GradFlow:
                     reads[i] = None
         return list(reads)
 
-    def _reached_without_cut(self, old: fx.Node, targets: list[fx.Node]) -> set[fx.Node]:
-        """Of ``targets``, those that get gradient from ``old`` along every path that reaches
-        them: walk back from ``old`` through values requiring grad; a target also reachable
+    def _reached_without_cut(self, olds: list[fx.Node], targets: list[fx.Node]) -> set[fx.Node]:
+        """Of ``targets``, those that get gradient from ``olds`` along every path that
+        reaches them: walk back from ``olds`` through their inputs; a target reachable
         only through a cut, or through a cut as well, is left out. The walk stops below
         the earliest target."""
         if not targets:
             return set()
         floor = min(t._sort_key for t in targets)
-        wanted = set(targets)
+        wanted, starts = set(targets), set(olds)
         clean: set[fx.Node] = set()
         behind_cut: set[fx.Node] = set()
-        stack: list[tuple[fx.Node, bool]] = [(old, False)]
+        stack: list[tuple[fx.Node, bool]] = [(o, False) for o in olds]
         seen: set[tuple[fx.Node, bool]] = set()
         while stack:
             n, cut = stack.pop()
             if (n, cut) in seen or n._sort_key < floor:
                 continue
             seen.add((n, cut))
-            if n in wanted and n is not old:
+            if n in wanted and n not in starts:
                 (behind_cut if cut else clean).add(n)
             through = cut or self.is_cut(n)
             for i in n.all_input_nodes:
                 stack.append((i, through))
-        return {t for t in targets if t in clean and t not in behind_cut} | ({old} & wanted)
+        return {t for t in targets if t in clean and t not in behind_cut} | (starts & wanted)
 
     # ------------------------------------------------------------ groups
     def dropped(self) -> set[fx.Node]:
