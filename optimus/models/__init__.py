@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from . import dcnv2, dhen, dlrm, hetero_towers, hstu, interformer, splitcat, towers, wukong
+from . import dcn_cross, dcnv2, dhen, dlrm, hetero_towers, hstu, interformer, mmoe, splitcat, tables26, towers, wukong
 from ._common import SIZES, ZooModel
 
 
@@ -46,6 +46,12 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("towers32", "32 parallel Linear->LayerNorm->ReLU towers, cat", towers.build, towers.CONFIGS),
         ModelSpec("hetero_towers", "24 Linear->LayerNorm->ReLU towers, every in/out width distinct, cat",
                   hetero_towers.build, hetero_towers.CONFIGS),
+        ModelSpec("mmoe", "multi-gate mixture of 8 expert MLPs on one input, per-task gates and towers",
+                  mmoe.build, mmoe.CONFIGS),
+        ModelSpec("tables26", "26 embedding bags of mixed widths, rows and pooling, concat MLP", tables26.build,
+                  tables26.CONFIGS),
+        ModelSpec("dcn_cross", "DCN-v2 full-rank cross layers and a parallel deep tower, concat head",
+                  dcn_cross.build, dcn_cross.CONFIGS),
     ]
 }
 

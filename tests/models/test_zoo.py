@@ -81,6 +81,24 @@ def test_configs_declared() -> None:
         assert mod.__doc__ and len(mod.__doc__) > 200, f"{name}: describe the architecture and its source"
 
 
+def test_unseen_shapes_are_what_they_claim() -> None:
+    """The shapes docs/models.md promises: 8 experts and a gate per task, 26 bags of four widths
+    pooled both ways, full-rank (square) cross layers over an odd width."""
+    for size in ("small", "realistic"):
+        moe = get_model("mmoe", size).model
+        assert len(moe.experts) == 8 and len(moe.gates) == len(moe.towers) >= 3
+        assert all(g.out_features == 8 for g in moe.gates)
+        tables = get_model("tables26", size).model.tables
+        assert len(tables) == 26
+        assert {t.embedding_dim for t in tables} == {16, 32, 64, 128}
+        for dim in (16, 32, 64, 128):
+            assert {t.mode for t in tables if t.embedding_dim == dim} == {"sum", "mean"}, dim
+        assert len({t.num_embeddings for t in tables}) >= 3
+        cross = get_model("dcn_cross", size).model.cross
+        assert all(c.linear.in_features == c.linear.out_features for c in cross)
+    assert get_model("dcn_cross", "realistic").model.cross[0].linear.in_features % 8 != 0
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_small_graph_is_one_modest_graph(name: str) -> None:
     """fullgraph capture works and the small graph stays small (fast CPU compiles)."""
@@ -109,13 +127,30 @@ COVERED_ELSEWHERE = {"dlrm", "splitcat"}
 def test_optimus_compile_parity(name: str) -> None:
     """optimus.compile against eager by the dynamo benchmarks' rule: allclose to eager fp32
     at tol 1e-4, else no more than 2x (3x for small tensors) eager fp32's RMSE from an fp64 copy."""
+    _check_parity(name, "train" if name in TRAIN_PARITY else "infer", "all")
+
+
+# The models written as unseen shapes for the planner's memory estimate (a mixture of experts,
+# mixed-width embedding bags, full-rank cross layers): a training step under the default
+# planner, whose groups there are what the estimate judges, and under every rule.
+UNSEEN_SHAPES = ("mmoe", "tables26", "dcn_cross")
+
+
+@needs_optimus
+@pytest.mark.slow
+@pytest.mark.parametrize("passes", ["auto", "all"])
+@pytest.mark.parametrize("name", UNSEEN_SHAPES)
+def test_optimus_compile_train_parity(name: str, passes: str) -> None:
+    _check_parity(name, "train", passes)
+
+
+def _check_parity(name: str, mode: str, passes: str) -> None:
     import optimus
     from optimus.bench import accuracy
 
-    mode = "train" if name in TRAIN_PARITY else "infer"
     ref = accuracy.eager_reference(name, mode, "small", "cpu", seed=0)
     zoo = get_model(name, "small")
-    compiled = optimus.compile(zoo.model, passes="all", fullgraph=True)
+    compiled = optimus.compile(zoo.model, passes=passes, fullgraph=True)
     if mode == "infer":
         with torch.no_grad():
             got = compiled(*zoo.inputs)
