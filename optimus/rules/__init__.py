@@ -6,5 +6,5 @@ showing before -> after. The FX rules run at Torch-IR and Aten-IR (written once,
 the canonical vocabulary); ``kernel_fusion`` holds the Inductor-IR rules.
 """
 
-from . import canonical, embedding, grouped_kernels, horizontal, inverse, pointwise, slices, split_cat, unbind_stack, views  # noqa: F401
+from . import canonical, casts, embedding, grouped_kernels, horizontal, inverse, pointwise, slices, split_cat, unbind_stack, views  # noqa: F401
 from . import kernel_fusion  # noqa: F401  (Inductor-IR; after the FX families, as registered before)
