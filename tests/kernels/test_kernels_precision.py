@@ -116,14 +116,12 @@ def test_tf32_switch_reaches_the_grouped_linear_kernels(allow, monkeypatch):
 def test_float32_matmul_precision_high_allows_tf32(monkeypatch):
     seen = _spy_dot_f32(monkeypatch)
     xs, ws, bs = make_gl([(12, 16, 8), (5, 24, 16)], torch.float32, seed=17)
-    old = torch.get_float32_matmul_precision()
-    try:
-        torch.set_float32_matmul_precision("high")
+    from support import float32_matmul_precision
+
+    with float32_matmul_precision("high"):
         K.grouped_linear(xs, ws, bs)
-        torch.set_float32_matmul_precision("highest")
+    with float32_matmul_precision("highest"):
         K.grouped_linear(xs, ws, bs)
-    finally:
-        torch.set_float32_matmul_precision(old)
     assert [f32 for _, f32, _ in seen] == [False, True]
 
 
