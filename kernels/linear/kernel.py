@@ -39,10 +39,11 @@ Memory plan
 * ``ALIGN``: when every row stride and offset is a multiple of 16 bytes the host says so and the
   kernels tell the compiler (``tl.multiple_of``) so operand loads become 16-byte vector loads.
 * ``DOT_F32``: the products run as exact fp32 FMAs (``input_precision="ieee"``, operands upcast
-  to fp32 first).  Set for fp32 operands unless torch allows TF32 (``allow_tf32`` / ``fp32_precision``),
-  so the kernels follow the precision torch's own fp32 matmuls use (Triton's default for fp32
-  ``tl.dot`` is TF32, about 1e-3 relative error); and always in Triton's CPU interpreter, where
-  ``tl.dot`` on 16-bit operands is unreliable.
+  to fp32 first).  Set for fp32 operands unless torch allows TF32 (``allow_tf32`` / ``fp32_precision``
+  / ``set_float32_matmul_precision``, read at each call), so the kernels follow the precision
+  torch's own fp32 matmuls use (Triton's default for fp32 ``tl.dot`` is TF32, about 1e-3 relative
+  error); for 16-bit operands in Triton's CPU interpreter, where ``tl.dot`` on them is unreliable.
+  It is a constexpr and part of the autotuning key (``_KEYS``, ``_CHOSEN``).
 
 Compiled (GPU) numerics vs the interpreter
 ------------------------------------------
@@ -493,7 +494,9 @@ def _bench(fn, quantiles):
 
 
 _AUTOTUNE = os.environ.get("OPTIMUS_KERNELS_AUTOTUNE", "1") != "0"
-_KEYS = ["G", "KEY_M", "KEY_N", "KEY_K"]
+# DOT_F32 (TF32 allowed or not, ``_dot_f32``) is part of the key: it changes the kernel's products,
+# so a configuration tuned under one setting is not the choice for the other
+_KEYS = ["G", "KEY_M", "KEY_N", "KEY_K", "DOT_F32"]
 
 if not _INTERPRET:
     _fwd_tuned = triton.autotune(_FWD_CONFIGS, key=_KEYS, prune_configs_by={"early_config_prune": _prune_gemm},
@@ -758,10 +761,20 @@ def _grid(sig, kind, meta, dev):
 
 
 def _dot_f32(dtype):
-    """DOT_F32 for operands of ``dtype``: exact fp32 products unless torch allows TF32 (read at
-    each call, as torch's matmuls read it; through ``torch_allows_tf32``, which also understands
-    torch's newer ``fp32_precision`` API: reading ``allow_tf32`` raises once that API set TF32)."""
-    return _INTERPRET or (dtype == torch.float32 and not torch_allows_tf32())
+    """DOT_F32 for operands of ``dtype``.
+
+    fp32 operands: exact fp32 products unless torch allows TF32 for its own fp32 matmuls
+    (``torch.backends.cuda.matmul.allow_tf32``, ``fp32_precision``, or
+    ``torch.set_float32_matmul_precision("high")``), read at each call as torch's matmuls read
+    it (through ``torch_allows_tf32``, which also understands the newer ``fp32_precision`` API:
+    reading ``allow_tf32`` raises once that API set TF32); never TF32 otherwise. The flag is a
+    constexpr of the kernels and part of their autotuning key and of ``_CHOSEN``'s, so a choice
+    made with TF32 on is never reused with it off, or the other way round.
+    16-bit operands: tensor-core products with fp32 accumulation; upcast to fp32 first in
+    Triton's CPU interpreter, where ``tl.dot`` on 16-bit operands is unreliable."""
+    if dtype == torch.float32:
+        return not torch_allows_tf32()
+    return _INTERPRET
 
 
 def _launch(kind, sig, args, kwargs, flags):

@@ -60,6 +60,8 @@ _TABLE: dict[Any, tuple[str, dict[str, str]]] = {
     aten.div.Scalar: ("div", _SELF),
     aten.div.Tensor_mode: ("div", _SELF),
     aten.div.Scalar_mode: ("div", _SELF),
+    torch.ops.prims.convert_element_type.default: ("cast", {"a": "input"}),
+    aten._to_copy.default: ("cast", _SELF),
     aten.embedding.default: ("embedding", {"indices": "input"}),
     aten._embedding_bag.default: ("embedding_bag", {"indices": "input"}),
     aten._embedding_bag_forward_only.default: ("embedding_bag", {"indices": "input"}),
@@ -201,9 +203,26 @@ class AtenIRView(GraphView):
                 args["padding_idx"] = None  # aten's -1: no padding row
             if op == "embedding_bag":
                 args["mode"] = _EMBEDDING_BAG_MODES.get(args["mode"], args["mode"])
+        if op == "cast":
+            return self._cast(args)
         if op == "select" and not is_int(args.get("index")) and not isinstance(args.get("index"), torch.SymInt):
             return None
         return op, args
+
+    def _cast(self, args: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+        """A conversion that changes only the dtype (``_to_copy`` may change the device,
+        layout or memory format too: then it is no ``cast``)."""
+        dtype, x = args["dtype"], args["input"]
+        if not isinstance(dtype, torch.dtype) or not isinstance(x, fx.Node) or self.dtype(x) in (None, dtype):
+            return None
+        device = args.get("device")
+        if device is not None and torch.device(device) != self.device(x):
+            return None
+        if args.get("layout") not in (None, torch.strided) or args.get("pin_memory") or args.get("non_blocking", False):
+            return None
+        if args.get("memory_format") not in (None, torch.preserve_format):
+            return None
+        return "cast", {"input": x, "dtype": dtype}
 
     def _emit_target(self, op: str, a: dict[str, Any]) -> tuple[str, Any, list[Any], dict[str, Any]]:
         cf = "call_function"
@@ -241,6 +260,8 @@ class AtenIRView(GraphView):
             return cf, aten.permute.default, [a["input"], list(a["dims"])], {}
         if op == "sum":
             return cf, aten.sum.dim_IntList, [a["input"], list(a["dims"]), a["keepdim"]], {}
+        if op == "cast":
+            return cf, torch.ops.prims.convert_element_type.default, [a["input"], a["dtype"]], {}
         if op in EXTERN_OPS:
             target = EXTERN_OPS[op]
             return cf, target, [a[p.name] for p in target._schema.arguments], {}

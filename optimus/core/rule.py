@@ -205,6 +205,14 @@ class Builder:
             return self.emit("stack", list(tensors), dim)
         return self.emit("cat", [self.emit("unsqueeze", t, dim) for t in tensors], dim)
 
+    def cast(self, input: Any, dtype: Any) -> Any:
+        """``input`` converted to ``dtype``; ``input`` itself when it has that dtype already
+        (a ``cast`` always changes the dtype: see ``vocab``)."""
+        value = self.value(input)
+        if self.graph_view.dtype(value) == dtype:
+            return value
+        return self.emit("cast", value, dtype)
+
     def unbind(self, input: Any, dim: int) -> list[fx.Node]:
         shape = self.graph_view.shape(input)
         if shape is None or not isinstance(shape[dim], int):

@@ -13,7 +13,10 @@ Argument conventions (the view normalizes to these where the shape is known):
 * ``split.sizes`` is a ``list[int]`` of section sizes (an int split size is expanded);
 * ``slice.start``/``end`` are clamped to ``[0, size]``; ``end`` is never ``None``;
 * ``squeeze.dims`` is a ``tuple[int, ...]`` or ``None`` (all size-1 dims);
-* ``view``/``reshape``/``permute`` shapes and dims are lists.
+* ``view``/``reshape``/``permute`` shapes and dims are lists;
+* ``cast.dtype`` is a ``torch.dtype``, and a ``cast`` always changes its input's dtype
+  (a view classifies a same-dtype conversion as nothing: at Torch-IR it returns its
+  input itself, an alias, not a copy).
 """
 
 from __future__ import annotations
@@ -45,6 +48,10 @@ SCHEMAS: dict[str, tuple[str, ...]] = {
     "expand": ("input", "shape"),
     "clone": ("input",),
     "contiguous": ("input",),
+    # dtype conversion: Torch-IR's x.to(dtype) / x.float() / x.half() / x.bfloat16() /
+    # x.type(dtype), Aten-IR's prims.convert_element_type and aten._to_copy (dtype only),
+    # which is how AOTAutograd writes the casts autocast inserts
+    "cast": ("input", "dtype"),
     # matmuls
     "linear": ("input", "weight", "bias"),
     "mm": ("input", "mat2"),
@@ -120,7 +127,7 @@ BINARY_POINTWISE: tuple[str, ...] = ("add", "sub", "mul", "div")
 # Elementwise ops (every output element depends only on the same-index input elements,
 # with broadcasting for the binary ones). Dropout is elementwise but random.
 POINTWISE: frozenset[str] = frozenset(
-    UNARY_POINTWISE + BINARY_POINTWISE + ("clamp", "nan_to_num", "gelu", "leaky_relu", "detach")
+    UNARY_POINTWISE + BINARY_POINTWISE + ("clamp", "nan_to_num", "gelu", "leaky_relu", "detach", "cast")
 )
 
 def is_pointwise(op: str) -> bool:

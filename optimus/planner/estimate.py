@@ -9,7 +9,9 @@ keeps the rewrite only when the new side is cheaper. Each node is one of:
   a stack or cat of consecutive parts of one tensor, which the vertical rules turn back
   into a view of it (``core.segments.stack_is_free``): free;
 * a matmul (``linear``, ``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``matmul``): its bytes and
-  ``2 * M * N * K`` FLOPs at the rate its tiles achieve (``costmodel.matmul_rate``);
+  ``2 * M * N * K`` FLOPs at the rate its tiles achieve in its dtype's class
+  (``costmodel.matmul_rate``: fp32, TF32 where torch allows it, bf16/fp16), plus one cast
+  kernel per operand of another dtype (Torch-IR under autocast, where the casts are implicit);
 * an op outside the vocabulary that a rule emitted (a custom op such as
   ``optimus::grouped_linear``): one kernel moving its bytes and doing the arithmetic of
   the members it replaces (``Work``), at the occupancy of all their tiles together; when
@@ -111,6 +113,13 @@ def _matmul_shape(view: GraphView, call: Any, out: torch.Tensor) -> tuple[int, i
     return 1, m, n, k
 
 
+def _autocast_casts(view: GraphView, node: fx.Node, dtype: torch.dtype) -> list[torch.Tensor]:
+    """The floating operands of a matmul that are not in its result's dtype: at Torch-IR under
+    autocast a linear of fp32 operands runs on bf16/fp16 casts of them, one kernel each (at
+    Aten-IR those casts are nodes of their own and its operands have its dtype already)."""
+    return [t for i in node.all_input_nodes for t in tensors_of(_value(view, i)) if t.is_floating_point() and t.dtype != dtype]
+
+
 def work(view: GraphView, nodes: Iterable[fx.Node]) -> Work:
     """The matmul FLOPs and output tiles of ``nodes`` (the members of a group)."""
     total = Work()
@@ -177,8 +186,15 @@ def node_cost(view: GraphView, node: fx.Node, p: DeviceProfile, launched: bool, 
     if op in MATMUL_OPS and call is not None:
         batch, m, n, k = _matmul_shape(view, call, outs[0])
         flops = 2.0 * batch * m * n * k
+        casts = _autocast_casts(view, node, outs[0].dtype)
+        in_bytes = sum(size_hint(t.numel()) * outs[0].element_size() for t in casts) + _nbytes(t for i in node.all_input_nodes for t in tensors_of(_value(view, i)) if not any(t is c for c in casts))
         one = costmodel.kernel_us(p, in_bytes + out_bytes, flops, dtype, costmodel.matmul_tiles(m, n, batch, k=k), launched)
         cost.add(one)
+        for t in casts:  # read in its dtype, written in the matmul's; its backward casts the gradient back
+            cast = costmodel.kernel_us(p, size_hint(t.numel()) * (t.element_size() + outs[0].element_size()), launched=launched)
+            cost.add(cast, 1)
+            if grad and t.requires_grad:
+                cost.add(cast, 1)
         if grad:
             cost.add(2 * one, 2)  # dX and dW: about the same work each
         return cost

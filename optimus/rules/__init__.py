@@ -15,8 +15,8 @@ and ``unbind_stack`` (parts put back together); the horizontal rules that stack
 (``grouped_kernels``).
 """
 
-from . import canonical, inverse, slices, views, split_cat, unbind_stack, pointwise  # noqa: F401  (FX, vertical)
+from . import canonical, inverse, slices, views, split_cat, unbind_stack, pointwise, casts  # noqa: F401  (FX, vertical)
 from . import embedding, horizontal, grouped_kernels  # noqa: F401  (FX, horizontal)
 from . import kernel_fusion  # noqa: F401  (Inductor-IR)
 
-FAMILIES = (canonical, inverse, slices, views, split_cat, unbind_stack, pointwise, embedding, horizontal, grouped_kernels, kernel_fusion)
+FAMILIES = (canonical, inverse, slices, views, split_cat, unbind_stack, pointwise, casts, embedding, horizontal, grouped_kernels, kernel_fusion)

@@ -69,6 +69,7 @@ import torch
 import torch.fx as fx
 from .. import kernels  # noqa: F401  (importing registers the optimus:: custom ops)
 from ..kernels.runtime.params import lies_concatenated
+from ..core.dtypes import compute_dtype
 from ..core.group import Group, group_rule
 from ..core.rule import Builder
 from ..core.symbolic import is_symbolic, size_hint, sym_key
@@ -81,6 +82,7 @@ MAX_PACK_BYTES = 256 * 2**20
 
 # What the kernels accept (float64 only on their plain-torch path: not on CUDA).
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_KERNEL_DTYPE_NAMES = tuple(str(d) for d in _KERNEL_DTYPES)
 
 # Epilogues the grouped-linear kernel fuses: canonical op -> the kernel's activation name.
 _EPILOGUES = {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "silu": "silu", "gelu": "gelu"}
@@ -229,13 +231,15 @@ def _nbytes(view: GraphView, value: Any) -> int:
     return 0 if v is None else math.prod(size_hint(s) for s in v.shape) * v.element_size()
 
 
-def _check_profitable(g: Group, kernels_before: int, operand_lists: Sequence[Sequence[Any]]) -> None:
+def _check_profitable(g: Group, kernels_before: int, operand_lists: Sequence[Sequence[Any]], extra: int = 0) -> None:
     """The rules' own heuristic (fewer launches, bounded packed bytes), as
     ``horizontal._profitable``; under ``passes="auto"`` the planner then prices what it
-    accepts (``optimus/planner/estimate.py`` charges the custom op its members' arithmetic)."""
-    after = 1 + _pack_count(g.view, operand_lists)
+    accepts (``optimus/planner/estimate.py`` charges the custom op its members' arithmetic).
+    ``extra``: other kernels the rewrite adds (dtype casts)."""
+    after = 1 + _pack_count(g.view, operand_lists) + extra
     if after >= kernels_before:
-        g.decline(f"not profitable: {kernels_before} kernels would become {after} (packing copies included)")
+        casts = f", {extra} casts" if extra else ""
+        g.decline(f"not profitable: {kernels_before} kernels would become {after} (packing copies{casts} included)")
     limit = g.options.get("max_pack_bytes", MAX_PACK_BYTES)
     size = sum(_nbytes(g.view, v) for vs in operand_lists if not _pack_is_free(g.view, vs) for v in vs)
     if size > limit:
@@ -316,17 +320,29 @@ def _in_chunk_order(order: Sequence[int], *lists: Sequence[Any] | None) -> list[
 
 
 def _emit_input(b: Builder, columns: tuple[fx.Node, list[int]] | None, xs: Sequence[Any],
-                shapes: Sequence[Sequence[int]]) -> tuple[fx.Node, str]:
+                shapes: Sequence[Sequence[int]], dtype: torch.dtype | None = None) -> tuple[fx.Node, str]:
     """The op's x and its layout: with ``columns``, the split's input where it lies, as the
     kernels' (M, sum widths) matrix (a view of a contiguous base; the op makes it contiguous
-    where it is not); otherwise the pack of ``xs``."""
+    where it is not); otherwise the pack of ``xs``. ``dtype``: cast to it (one cast of the
+    whole, where autocast casts each member's input)."""
     if columns is None:
-        return _pack(b, xs), "packed"
+        return _cast(b, _pack(b, xs), dtype), "packed"
     lead, width = tuple(shapes[0][:-1]), sum(s[-1] for s in shapes)
-    base = b.value(columns[0])
+    base = _cast(b, b.value(columns[0]), dtype)
     if len(lead) == 1 and b.graph_view.rank(base) == 3:  # unbind(x, 1)'s features: x as (rows, T * d)
         return b.reshape(base, [-1, width]), "columns"
     return (base if len(lead) == 1 else b.reshape(base, [math.prod(lead), width])), "columns"
+
+
+def _cast(b: Builder, value: Any, dtype: torch.dtype | None) -> Any:
+    return value if dtype is None else b.cast(value, dtype)
+
+
+def _result_dtype(g: Group) -> torch.dtype | None:
+    """The dtype the members compute in, when it is not their operands': a linear under
+    autocast runs in the autocast dtype (its fp32 operands cast first), a LayerNorm of bf16
+    input and fp32 weights in fp32 (as eager's mixed-dtype layer_norm), rounded to its result."""
+    return g.view.dtype(g.members[0].node)
 
 
 def _emit_results(b: Builder, y: fx.Node, columns: tuple[fx.Node, list[int]] | None,
@@ -404,11 +420,16 @@ def _emit_grouped_linear(g: Group, b: Builder, xs: list[Any], ws_nk: list[Any], 
     if columns is not None:
         xs, ws_nk, x_shapes, ns, olds, bs = _in_chunk_order(columns[1], xs, ws_nk, x_shapes, ns, olds, bs)
     ks = [s[-1] for s in x_shapes]
-    before = len(g.members) * (2 if act is not None else 1)
+    # under autocast a linear of fp32 operands computes in bf16/fp16: the op runs on casts of
+    # them (their gradients flow back through the casts to the fp32 parameters, as autograd's)
+    want = _result_dtype(g)
+    cast = want if want is not None and want != _kernel_dtype(g.view, xs[0]) else None
     param_lists = [ws_nk] + ([bs] if bs is not None else [])
-    params = params and not _param_copies(g.view, param_lists)  # every list lies concatenated
-    _check_profitable(g, before, ([] if columns is not None else [xs]) + ([] if params else param_lists))
-    x, layout = _emit_input(b, columns, xs, x_shapes)
+    casts = 0 if cast is None else 1 + len(param_lists)  # one per operand, where autocast casts each member's
+    before = len(g.members) * ((2 if act is not None else 1) + casts)
+    params = params and cast is None and not _param_copies(g.view, param_lists)  # every list lies concatenated
+    _check_profitable(g, before, ([] if columns is not None else [xs]) + ([] if params else param_lists), extra=casts)
+    x, layout = _emit_input(b, columns, xs, x_shapes, cast)
     if columns is not None:  # one row count for every member, symbolic or not
         ms = [_rows(b, x, x_shapes[0][0] if len(x_shapes[0]) == 2 else math.prod(x_shapes[0][:-1]))] * len(xs)
     else:
@@ -418,7 +439,8 @@ def _emit_grouped_linear(g: Group, b: Builder, xs: list[Any], ws_nk: list[Any], 
                      ms, ks, ns, act or "none", layout)
     else:
         packed_b = b.cat([b.value(v) for v in bs], 0) if bs is not None and len(bs) > 1 else (b.value(bs[0]) if bs else None)
-        out = b.emit("grouped_linear", x, _pack(b, ws_nk), packed_b, ms, ks, ns, act or "none", layout)
+        packed_b = _cast(b, packed_b, cast) if packed_b is not None else None
+        out = b.emit("grouped_linear", x, _cast(b, _pack(b, ws_nk), cast), packed_b, ms, ks, ns, act or "none", layout)
     results = _emit_results(b, b.getitem(out, 0), columns, [tuple(s[:-1]) + (n,) for s, n in zip(x_shapes, ns)])
     return dict(zip(olds, results))
 
@@ -437,7 +459,10 @@ def _linear_key(call: Call, view: GraphView) -> Hashable:
     metas = [_meta(view, v) for v in (x, w) + ((bias,) if bias is not None else ())]
     if dt is None or any(m is None for m in metas) or len({m[:2] for m in metas}) != 1:  # type: ignore[index]
         return None  # mixed dtypes / devices stay apart (and F.linear would reject them)
-    return ("grouped_linear", metas[0][:2], bias is not None)  # type: ignore[index]
+    out = _kernel_dtype(view, call.node)
+    if out is None:
+        return None
+    return ("grouped_linear", metas[0][:2], bias is not None, str(out))  # type: ignore[index]
 
 
 def _on_a_gpu(g: Group) -> str | None:
@@ -570,9 +595,13 @@ def _layer_norm_key(call: Call, view: GraphView) -> Hashable:
         if p is not None and (not isinstance(p, (fx.Node, ParamRef)) or _static_shape(view, p) != (shape[-1],)):
             return None
     metas = [_meta(view, v) for v in (x, w, bias) if v is not None]
-    if dt is None or any(m is None for m in metas) or len({m[:2] for m in metas}) != 1:  # type: ignore[index]
+    out = _kernel_dtype(view, call.node)
+    if dt is None or out is None or any(m is None for m in metas) or len({m[1] for m in metas}) != 1:  # type: ignore[index]
         return None
-    return ("batched_layer_norm", metas[0][:2], float(a["eps"]), w is not None, bias is not None)  # type: ignore[index]
+    if any(m[0] not in _KERNEL_DTYPE_NAMES for m in metas):  # type: ignore[index]
+        return None
+    # dtypes may differ (bf16 input, fp32 weights under autocast): members group by all of them
+    return ("batched_layer_norm", tuple(m[:2] for m in metas), str(out), float(a["eps"]), w is not None, bias is not None)  # type: ignore[index]
 
 
 def _layer_norm_shapes_differ(g: Group) -> str | None:
@@ -610,10 +639,17 @@ def batched_layer_norm(g: Group, b: Builder) -> dict[fx.Node, fx.Node]:
     shapes = [_input_shape(g.view, x) for x in xs]
     widths = [s[-1] for s in shapes]  # type: ignore[index]
     param_lists = [p for p in (ws, bs) if p is not None]
-    in_place = bool(param_lists) and not _param_copies(g.view, param_lists)  # packed by pack_parameters
-    _check_profitable(g, len(g.members), ([] if columns is not None else [xs]) + ([] if in_place else param_lists))
+    # mixed dtypes (bf16 input, fp32 weights under autocast): the op runs in the widest, as
+    # eager's mixed-dtype layer_norm computes in fp32, and its result is rounded once to the members'
+    dtypes = {_kernel_dtype(g.view, v) for v in [xs[0]] + [p[0] for p in param_lists]}
+    compute = compute_dtype(*dtypes) if len(dtypes) > 1 else None
+    x_cast = compute if compute is not None and compute != _kernel_dtype(g.view, xs[0]) else None
+    p_cast = compute if compute is not None and any(_kernel_dtype(g.view, p[0]) != compute for p in param_lists) else None
+    casts = (x_cast is not None) + (p_cast is not None) * len(param_lists) + (compute is not None)
+    in_place = bool(param_lists) and p_cast is None and not _param_copies(g.view, param_lists)  # packed by pack_parameters
+    _check_profitable(g, len(g.members), ([] if columns is not None else [xs]) + ([] if in_place else param_lists), extra=casts)
     eps = float(a0["eps"])
-    x, layout = _emit_input(b, columns, xs, shapes)  # type: ignore[arg-type]
+    x, layout = _emit_input(b, columns, xs, shapes, x_cast)  # type: ignore[arg-type]
     if columns is not None:  # one row count for every member, symbolic or not
         rows = [_rows(b, x, shapes[0][0] if len(shapes[0]) == 2 else math.prod(shapes[0][:-1]))] * len(xs)  # type: ignore[index]
     else:
@@ -622,9 +658,10 @@ def batched_layer_norm(g: Group, b: Builder) -> dict[fx.Node, fx.Node]:
         out = b.emit("batched_layer_norm_params", x, [b.value(v) for v in ws or []], [b.value(v) for v in bs or []],
                      rows, widths, eps, layout)
     else:
-        out = b.emit("batched_layer_norm", x, _pack(b, ws) if ws is not None else None,
-                     _pack(b, bs) if bs is not None else None, rows, widths, eps, layout)
-    results = _emit_results(b, b.getitem(out, 0), columns, shapes)  # type: ignore[arg-type]
+        out = b.emit("batched_layer_norm", x, _cast(b, _pack(b, ws), p_cast) if ws is not None else None,
+                     _cast(b, _pack(b, bs), p_cast) if bs is not None else None, rows, widths, eps, layout)
+    y = b.getitem(out, 0)
+    results = _emit_results(b, _cast(b, y, _result_dtype(g)) if compute is not None else y, columns, shapes)  # type: ignore[arg-type]
     return dict(zip(olds, results))
 
 

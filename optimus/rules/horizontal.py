@@ -16,8 +16,9 @@ import torch
 import torch.fx as fx
 
 from .. import kernels  # noqa: F401  (importing registers the optimus:: custom ops)
+from ..core.dtypes import compute_dtype
 from ..core.group import Group, group_rule
-from ..core.pattern import Lit, Op, Var
+from ..core.pattern import Alt, Lit, Op, Var
 from ..core.rule import rule
 from ..core.segments import stack_is_free
 from ..core.symbolic import concrete_int, is_symbolic, known_eq, known_sizes_eq, size_hint, sym_key
@@ -275,6 +276,13 @@ def batch_layer_norm(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
     """LayerNorms of one normalized shape become one LayerNorm plus one affine.
 
     [layer_norm(x_i, s, w_i, b_i, eps)] -> unbind(layer_norm(stack(x_i), s, eps) * stack(w_i) + stack(b_i))
+
+    In reduced precision (bf16/fp16 inputs, also with fp32 weights as under autocast) the
+    LayerNorm and the affine run in fp32 and the result is cast once to the members'
+    dtype, as eager's layer_norm computes it (fp32 statistics and affine, one rounding):
+
+    [layer_norm(x_i: bf16, s, w_i: fp32, b_i: fp32)]
+        -> unbind(cast(layer_norm(cast(stack(x_i), fp32), s) * stack(w_i) + stack(b_i), bf16))
     """
     a0 = g.members[0].args
     xs = [c.input for c in g.members]
@@ -286,20 +294,26 @@ def batch_layer_norm(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
             "mean/rstd may get another layout from Inductor, and AOTAutograd restrides the backward's copy "
             "with the example sizes (a guard that specializes the batch)"
         )
-    params = [p for p in (ws[0], bs[0]) if p is not None]
-    if any(g.view.dtype(p) not in (None, g.view.dtype(xs[0])) for p in params if isinstance(p, fx.Node)):
-        g.decline("the inputs' dtype differs from the weights' (mixed precision, as under autocast): "
-                  "LayerNorm keeps the input's dtype, the separate affine would promote it")
     _profitable(g, _layer_norm_operands(g))
+    result = g.view.dtype(g.members[0].node)
+    compute = compute_dtype(g.view.dtype(xs[0]), *(_param_dtype(g, p) for p in (ws[0], bs[0]) if p is not None))
+    if result is None or compute is None:
+        g.decline("the dtypes of the inputs, weights or results are unknown")
     rank = g.view.rank(xs[0])
-    x = b.stack(xs, 0)
+    x = b.cast(b.stack(xs, 0), compute)
     y = b.layer_norm(x, list(a0["normalized_shape"]), None, None, a0["eps"])
     norm_rank = len(a0["normalized_shape"])
     if ws[0] is not None:
-        y = b.mul(y, _affine_stack(g, b, ws, rank, norm_rank))
+        y = b.mul(y, b.cast(_affine_stack(g, b, ws, rank, norm_rank), compute))
     if bs[0] is not None:
-        y = b.add(y, _affine_stack(g, b, bs, rank, norm_rank))
-    return _unbind_results(g, b, y)
+        y = b.add(y, b.cast(_affine_stack(g, b, bs, rank, norm_rank), compute))
+    return _unbind_results(g, b, b.cast(y, result))
+
+
+def _param_dtype(g: Group, value: Any) -> Any:
+    if isinstance(value, ParamRef):
+        return g.view.gm.get_parameter(value.target).dtype
+    return g.view.dtype(value)
 
 
 def _saves_symbolic_statistics(g: Group) -> bool:
@@ -451,6 +465,8 @@ def _feeds_gradients_only(m: Any) -> bool:
     product = m.product.node if isinstance(m.product, Call) else m.product
     if not view.outputs_are_gradients() or len(product.users) != 1:
         return False
+    if "cast" in m.bindings and len(m.cast.users) != 1:
+        return False
     stack, seen = [m.anchor.node], set()
     while stack:
         node = stack.pop()
@@ -458,26 +474,33 @@ def _feeds_gradients_only(m: Any) -> bool:
             if user.op == "output":
                 continue
             call = view.classify(user)
-            if call is None or call.op not in ("select", "slice", "squeeze", "unbind", "getitem", "view", "reshape") or user in seen:
+            # views of the product, and casts (autocast's, to the parameters' dtype), which keep its layout
+            if call is None or call.op not in ("select", "slice", "squeeze", "unbind", "getitem", "view", "reshape", "cast") or user in seen:
                 return False
             seen.add(user)
             stack.append(user)
     return True
 
 
-@rule(Op("permute", Op("bmm", Var("a"), Var("b")).bind("product"), Lit([0, 2, 1])), where=[_feeds_gradients_only], levels=("aten_ir",), stage="convert")
+_PRODUCT = Op("bmm", Var("a"), Var("b")).bind("product")
+
+
+@rule(Op("permute", Alt(_PRODUCT, Op("cast", _PRODUCT, Var("target")).bind("cast")), Lit([0, 2, 1])), where=[_feeds_gradients_only], levels=("aten_ir",), stage="convert")
 def transpose_bmm_for_gradient_layout(m: Any, b: Any) -> fx.Node:
     """A transposed batched product handed back as gradients is computed transposed, so
     the gradients arrive in row-major layout (each weight's own strides: AccumulateGrad
     takes them as they are instead of copying each).
 
-    bmm(a, b).permute(0, 2, 1) -> bmm(b.permute(0, 2, 1), a.permute(0, 2, 1))
+    bmm(a, b).permute(0, 2, 1)          -> bmm(b.permute(0, 2, 1), a.permute(0, 2, 1))
+    cast(bmm(a, b), d).permute(0, 2, 1) -> cast(bmm(b.permute(0, 2, 1), a.permute(0, 2, 1)), d)
+    (under autocast the bf16 product is cast to the parameters' fp32; a cast keeps its input's layout)
 
     This is the weight gradient of ``batch_linear``: its forward ``bmm(x, stack(w).mT)``
     differentiates to ``bmm(x.mT, dy).mT``, whose per-member slices have strides (1, N)
     against the parameters' (K, 1); ``bmm(dy.mT, x)`` gives the same values row-major.
     """
-    return b.bmm(b.permute(m.b, [0, 2, 1]), b.permute(m.a, [0, 2, 1]))
+    y = b.bmm(b.permute(m.b, [0, 2, 1]), b.permute(m.a, [0, 2, 1]))
+    return b.cast(y, m.target) if "cast" in m.bindings else y
 
 
 # ------------------------------------------------------- long reductions (backward)

@@ -133,6 +133,11 @@ _SIGNATURES["F.embedding_bag"] = (
 _FUNCTIONS[F.embedding] = "F.embedding"
 _FUNCTIONS[F.embedding_bag] = "F.embedding_bag"
 
+# Conversions to a dtype, by method name (call_method nodes) and as functions.
+_CAST_DTYPES: dict[str, torch.dtype] = {"float": torch.float32, "double": torch.float64, "half": torch.float16, "bfloat16": torch.bfloat16}
+_CAST_METHODS = frozenset(_CAST_DTYPES) | {"to", "type"}
+_CAST_FUNCTIONS: dict[Any, str] = {getattr(torch.Tensor, name): name for name in _CAST_METHODS}
+
 _INPLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv, operator.imatmul, operator.setitem}
 
 
@@ -207,6 +212,10 @@ class TorchIRView(GraphView):
         if node.op == "call_module":
             return self._classify_module(node)
         target = node.target
+        if node.op == "call_method" and target in _CAST_METHODS:
+            return self._classify_cast(node, target)
+        if node.op == "call_function" and target in _CAST_FUNCTIONS:
+            return self._classify_cast(node, _CAST_FUNCTIONS[target])
         if node.op == "call_method":
             name = target
             args = node.args
@@ -289,6 +298,28 @@ class TorchIRView(GraphView):
         call = self.classify(node)
         return call is not None and call.op in MULTI_OUTPUT
 
+    def _classify_cast(self, node: fx.Node, method: str) -> tuple[str, dict[str, Any]] | None:
+        """``x.to(dtype)``, ``x.float()``, ``x.type(dtype)``, ...: a ``cast`` when it changes
+        the dtype (else it returns ``x`` itself: no op of the vocabulary)."""
+        if method == "to":
+            b = bind(node.args, dict(node.kwargs), [("input", R), ("dtype", R), ("non_blocking", False), ("copy", False), ("memory_format", None)], {"self": "input"})
+            if b["copy"] is not False or b["memory_format"] not in (None, torch.preserve_format):
+                return None
+        elif method == "type":
+            b = bind(node.args, dict(node.kwargs), [("input", R), ("dtype", R), ("non_blocking", False)], {"self": "input"})
+        else:
+            b = bind(node.args, dict(node.kwargs), [("input", R), ("memory_format", torch.preserve_format)], {"self": "input"})
+            if b["memory_format"] is not torch.preserve_format:
+                return None
+            b["dtype"] = _CAST_DTYPES[method]
+        dtype, x = b["dtype"], b["input"]
+        if not isinstance(dtype, torch.dtype) or not isinstance(x, fx.Node):
+            return None  # x.to(device), x.to(other), x.type("torch.HalfTensor"), ...
+        current = self.dtype(x)
+        if current is None or current == dtype:
+            return None
+        return "cast", {"input": x, "dtype": dtype}
+
     def _classify_chunk(self, node: fx.Node) -> tuple[str, dict[str, Any]] | None:
         b = bind(node.args, dict(node.kwargs), [("input", R), ("chunks", R), ("dim", 0)], {"self": "input"})
         shape = self.shape(b["input"])
@@ -350,6 +381,8 @@ class TorchIRView(GraphView):
             return "call_method", op, [a["input"], list(a["shape"])], {}
         if op == "contiguous":
             return "call_method", "contiguous", [a["input"]], {}
+        if op == "cast":
+            return "call_method", "to", [a["input"], a["dtype"]], {}
         if op == "split":
             shape = self.shape(a["input"]) if isinstance(a["input"], fx.Node) else None
             length = shape[a["dim"]] if shape is not None and is_int(a["dim"]) and 0 <= a["dim"] < len(shape) else None

@@ -253,7 +253,7 @@ class _NormTowers(torch.nn.Module):
 def test_a_model_called_under_autocast_keeps_its_dtypes_and_no_rule_errs():
     """Dynamo traces a call inside torch.autocast without a marker: the graph runs under the
     caller's autocast, and new nodes' metadata is computed under it too (a rule's result
-    dtype is the one the program gets); a rewrite that would change a dtype declines."""
+    dtype is the one the program gets)."""
     torch.manual_seed(3)
     model = _NormTowers()
     compiled = _compile(copy.deepcopy(model), "all")
@@ -267,4 +267,5 @@ def test_a_model_called_under_autocast_keeps_its_dtypes_and_no_rule_errs():
     report = compiled.optimus_report
     assert not report.errors(), report.errors()
     assert report.rule_totals()["batch_linear"].matched >= 1
-    assert any("mixed precision" in r for r in report.rule_totals()["batch_layer_norm"].declined)
+    # bf16 inputs, fp32 weights: batched in fp32, the result cast back once (as eager's layer_norm)
+    assert report.rule_totals()["batch_layer_norm"].matched >= 1

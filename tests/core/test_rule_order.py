@@ -6,6 +6,7 @@ Inductor-IR rules of each scheduler hook.
 ``ORDER`` was recorded from the drivers when rules were still ordered by global
 hand-numbered priorities; whatever the rules declare to order themselves, the drivers
 must see exactly this order (anchors with a single rule are left out: they have no order).
+Rules added since join at the place their stage gives them.
 """
 
 from __future__ import annotations
@@ -22,38 +23,38 @@ from optimus.core.report import GraphReport
 ORDER = {
     "torch_ir": {
         "cat": ["canonicalize_split_cat_args", "split_cat_to_identity", "cat_adjacent_segments",
-            "split_cat_other_dim_to_view", "split_stack_to_view", "unbind_stack_to_view", "unbind_cat_to_view"],
+            "split_cat_other_dim_to_view", "split_stack_to_view", "unbind_stack_to_view", "unbind_cat_to_view", "cast_after_concatenation"],
         "permute": ["remove_identity_permute", "fold_permute_chain"],
         "reshape": ["reshape_to_unsqueeze", "remove_identity_reshape", "fold_reshape_chain",
-            "split_stack_to_view", "unbind_stack_to_view"],
+            "split_stack_to_view", "unbind_stack_to_view", "cast_after_concatenation"],
         "select": ["select_of_cat_to_input", "fold_select_of_range", "select_of_stack_to_input"],
         "slice": ["remove_full_slice", "slice_of_cat_to_input", "fold_slice_of_range"],
         "split": ["canonicalize_split_cat_args", "remove_single_section_split", "cat_split_to_inputs",
             "merge_splits", "split_squeeze_to_unbind", "hoist_pointwise_through_split"],
-        "stack": ["canonicalize_split_cat_args", "split_stack_to_view", "unbind_stack_to_view"],
+        "stack": ["canonicalize_split_cat_args", "split_stack_to_view", "unbind_stack_to_view", "cast_after_concatenation"],
         "transpose": ["remove_identity_permute", "fold_permute_chain"],
         "unbind": ["canonicalize_split_cat_args", "stack_unbind_to_inputs"],
         "view": ["reshape_to_unsqueeze", "remove_identity_reshape", "fold_reshape_chain",
-            "split_stack_to_view", "unbind_stack_to_view"],
+            "split_stack_to_view", "unbind_stack_to_view", "cast_after_concatenation"],
         "groups": ["group_embedding_lookups", "batch_linear_lhs", "batch_linear", "grouped_linear",
             "batch_layer_norm", "batched_layer_norm", "batch_pointwise"],
     },
     "aten_ir": {
         "cat": ["canonicalize_split_cat_args", "split_cat_to_identity", "split_cat_to_clone",
             "cat_adjacent_segments", "split_cat_other_dim_to_view", "split_stack_to_view",
-            "unbind_stack_to_view", "unbind_cat_to_view"],
+            "unbind_stack_to_view", "unbind_cat_to_view", "cast_after_concatenation"],
         "permute": ["remove_identity_permute", "fold_permute_chain", "transpose_bmm_for_gradient_layout"],
         "reshape": ["reshape_to_unsqueeze", "remove_identity_reshape", "fold_reshape_chain",
-            "split_stack_to_view", "unbind_stack_to_view"],
+            "split_stack_to_view", "unbind_stack_to_view", "cast_after_concatenation"],
         "select": ["select_of_cat_to_input", "fold_select_of_range", "select_of_stack_to_input"],
         "slice": ["remove_full_slice", "slice_of_cat_to_input", "fold_slice_of_range"],
         "split": ["canonicalize_split_cat_args", "remove_single_section_split", "cat_split_to_inputs",
             "merge_splits", "split_squeeze_to_unbind", "hoist_pointwise_through_split"],
-        "stack": ["canonicalize_split_cat_args", "split_stack_to_view", "unbind_stack_to_view"],
+        "stack": ["canonicalize_split_cat_args", "split_stack_to_view", "unbind_stack_to_view", "cast_after_concatenation"],
         "transpose": ["remove_identity_permute", "fold_permute_chain"],
         "unbind": ["canonicalize_split_cat_args", "stack_unbind_to_inputs"],
         "view": ["reshape_to_unsqueeze", "remove_identity_reshape", "fold_reshape_chain",
-            "split_stack_to_view", "unbind_stack_to_view"],
+            "split_stack_to_view", "unbind_stack_to_view", "cast_after_concatenation"],
         "groups": ["group_embedding_lookups", "batch_linear_lhs", "batch_linear", "batch_mm", "grouped_mm",
             "batch_pointwise"],
     },

@@ -111,3 +111,73 @@ def test_emit_round_trips_through_classify():
     assert call.op == "split" and call.args["sizes"] == [3, 5]
     assert [tuple(v.shape) for v in node.meta["val"]] == [(3, 3), (3, 5)]
     assert node.target is torch.ops.aten.split_with_sizes.default
+
+
+def test_cast_spellings_at_torch_ir():
+    """x.to(dtype) / .float() / .half() / .bfloat16() / .double() / .type(dtype) are one
+    ``cast`` when they change the dtype; a conversion to the dtype a tensor has returns it
+    itself (an alias), and .to(device) / .to(tensor) are no dtype conversion: neither is a cast."""
+    x, h = torch.randn(2, 3), torch.randn(2, 3).half()
+
+    def f(x, h):
+        return (x.to(torch.bfloat16), x.to(dtype=torch.float16), x.half(), x.bfloat16(), x.double(),
+                x.type(torch.float64), h.float(), h.to(torch.float32, non_blocking=False),
+                x.float(), x.to(torch.float32), x.to("cpu"), x.to(h), x.to(torch.float16, copy=True))
+
+    casts = [c for _, c in torch_ir_calls(f, x, h) if c.op == "cast"]
+    assert [c.args["dtype"] for c in casts] == [torch.bfloat16, torch.float16, torch.float16, torch.bfloat16, torch.float64,
+                                                torch.float64, torch.float32, torch.float32]
+    assert all(c.args["input"].name in ("l_x_", "l_h_") for c in casts)
+
+
+def test_cast_spellings_at_aten_ir():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x):
+        return (torch.ops.prims.convert_element_type.default(x, torch.bfloat16),
+                torch.ops.aten._to_copy.default(x, dtype=torch.float16),
+                torch.ops.aten._to_copy.default(x, dtype=torch.float16, device=torch.device("cpu")),  # the device it is on
+                torch.ops.aten._to_copy.default(x, dtype=torch.float32),  # the same dtype: a copy, not a cast
+                torch.ops.aten._to_copy.default(x, dtype=torch.float16, non_blocking=True))  # not only a dtype change
+
+    gm = make_fx(f)(torch.randn(3, 4))
+    view = AtenIRView(gm)
+    casts = [c for c in (view.classify(n) for n in gm.graph.nodes) if c is not None and c.op == "cast"]
+    assert [c.args["dtype"] for c in casts] == [torch.bfloat16, torch.float16, torch.float16]
+
+
+def test_cast_emits_each_levels_spelling():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(lambda x: x * 2)(torch.randn(3, 8))
+    view = AtenIRView(gm)
+    x = next(n for n in gm.graph.nodes if n.op == "placeholder")
+    with gm.graph.inserting_after(x):
+        node = view.emit("cast", {"input": x, "dtype": torch.bfloat16})
+    assert node.target is torch.ops.prims.convert_element_type.default
+    assert node.meta["val"].dtype == torch.bfloat16 and view.classify(node).op == "cast"
+
+    seen = []
+
+    def backend(gm, ex):
+        tv = TorchIRView(gm)
+        inp = next(n for n in gm.graph.nodes if n.op == "placeholder")
+        with gm.graph.inserting_after(inp):
+            made = tv.emit("cast", {"input": inp, "dtype": torch.float16})
+        seen.append((made.op, made.target, made.meta["example_value"].dtype, tv.classify(made).op))
+        return gm.forward
+
+    torch.compile(lambda x: x + 1, backend=backend, fullgraph=True)(torch.randn(2))
+    assert seen == [("call_method", "to", torch.float16, "cast")]
+
+
+def test_dtype_inclusion_for_folding_casts():
+    from optimus.core.dtypes import compute_dtype, holds
+
+    f32, f16, bf16, f64 = torch.float32, torch.float16, torch.bfloat16, torch.float64
+    assert holds(f32, bf16) and holds(f32, f16) and holds(f64, f32) and holds(f32, torch.bool)
+    assert not holds(bf16, f16) and not holds(f16, bf16) and not holds(f16, f32) and not holds(bf16, f32)
+    assert holds(f32, torch.int16) and not holds(f32, torch.int32) and holds(bf16, torch.uint8) and not holds(f16, torch.int16)
+    assert holds(torch.int64, torch.int32) and not holds(torch.uint8, torch.int8) and not holds(torch.int32, f16)
+    assert compute_dtype(bf16, f32) == f32 and compute_dtype(bf16) == f32 and compute_dtype(f16, bf16) == f32
+    assert compute_dtype(f64, f32) == f64 and compute_dtype(f32) == f32

@@ -117,3 +117,103 @@ def test_an_optimus_kernel_op_pays_its_host_call_only_when_launched():
     assert estimate.custom_op_host_us(op, 64, p, True) > estimate.custom_op_host_us(op, 4, p, True)
     assert estimate.custom_op_host_us(op, 16, p, launched=False) == 0.0
     assert estimate.custom_op_host_us(relu, 16, p, launched=True) == 0.0
+
+
+# ------------------------------------------------------------------ precision
+def _mm_group_costs(m, k, n, g, dtype, launched):
+    """(members, batched) estimated µs of ``g`` mm's (m x k @ k x n) in ``dtype`` against one
+    bmm of their stacks (the ``batch_mm`` rewrite), on the H200's documented profile."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from optimus.aten_ir.view import AtenIRView
+    from optimus.planner import estimate
+
+    def members(*ts):
+        return [torch.mm(x, w) for x, w in zip(ts[:g], ts[g:])]
+
+    def batched(*ts):
+        return torch.bmm(torch.stack(ts[:g]), torch.stack(ts[g:])).unbind(0)
+
+    ins = [torch.empty(m, k, dtype=dtype) for _ in range(g)] + [torch.empty(k, n, dtype=dtype) for _ in range(g)]
+    out = []
+    for fn in (members, batched):
+        gm = make_fx(fn, tracing_mode="fake")(*ins)
+        nodes = [nd for nd in gm.graph.nodes if nd.op == "call_function"]
+        out.append(estimate.nodes_cost(AtenIRView(gm), nodes, H200ISH, launched).us)
+    return out
+
+
+def test_the_dtype_class_follows_the_tf32_switch():
+    from optimus import torch_api as compat
+
+    with compat.tf32(False):
+        assert cm.dtype_class(torch.float32) == "fp32"
+    with compat.tf32(True):
+        assert cm.dtype_class(torch.float32) == "tf32"
+        assert cm.dtype_class(torch.bfloat16) == cm.dtype_class(torch.float16) == "half"
+    from support import float32_matmul_precision
+
+    with float32_matmul_precision("high"):
+        assert cm.dtype_class(torch.float32) == "tf32"
+    with float32_matmul_precision("highest"):
+        assert cm.dtype_class(torch.float32) == "fp32"
+
+
+def test_one_matmul_costs_less_in_each_faster_class():
+    m = k = n = 4096
+    us = {cls: cm.kernel_us(H200ISH, 2 * (m * k + k * n + m * n), 2 * m * k * n, cls, cm.matmul_tiles(m, n)) for cls in cm.DTYPE_CLASSES}
+    assert us["fp32"] > 5 * us["tf32"] and us["tf32"] > us["half"]  # 49, 375, 678 TFLOP/s
+
+
+def test_a_group_that_does_not_pay_in_fp32_pays_in_bf16():
+    """Eight 1024^3 matmuls: in fp32 each keeps the H200 busy (~44 µs at the large rate), so a
+    batched one saves nothing and its stacks cost; in bf16 each takes a few µs, the launches and
+    the small problems' occupancy dominate, and batching pays (with and without CUDA graphs)."""
+    for launched in (True, False):
+        before, after = _mm_group_costs(1024, 1024, 1024, 8, torch.float32, launched)
+        assert after > before
+        before, after = _mm_group_costs(1024, 1024, 1024, 8, torch.bfloat16, launched)
+        assert after < before
+
+
+def test_tf32_prices_fp32_matmuls_at_the_tf32_rate():
+    from optimus import torch_api as compat
+
+    with compat.tf32(False):
+        ieee = _mm_group_costs(1024, 1024, 1024, 8, torch.float32, False)
+    with compat.tf32(True):
+        tf32 = _mm_group_costs(1024, 1024, 1024, 8, torch.float32, False)
+    assert tf32[0] < ieee[0] / 3  # the members: 375 against 49 TFLOP/s (their bytes alike)
+    assert tf32[1] < tf32[0]  # and now batching them pays, as in bf16
+
+
+def test_copies_cost_bytes_per_element():
+    """A memory-bound group (stacking large operands) costs half as much in bf16 as in fp32."""
+    before32, after32 = _mm_group_costs(8192, 64, 64, 4, torch.float32, False)
+    before16, after16 = _mm_group_costs(8192, 64, 64, 4, torch.bfloat16, False)
+    assert after16 == pytest.approx(after32 / 2, rel=0.2) and before16 < before32
+
+
+def test_a_linear_under_autocast_at_torch_ir_pays_the_casts_of_its_operands():
+    """At Torch-IR autocast is implicit: F.linear of fp32 operands computes in bf16 on casts of
+    them, one kernel each (at Aten-IR those are nodes of their own)."""
+    from optimus.planner import estimate
+    from optimus.torch_ir.view import TorchIRView
+
+    found = {}
+
+    def capture(tag):
+        def backend(gm, ex):
+            view = TorchIRView(gm)
+            node = next(n for n in gm.graph.nodes if view.classify(n) is not None and view.classify(n).op == "linear")
+            found[tag] = estimate.node_cost(view, node, H200ISH, launched=True)
+            return gm.forward
+        return backend
+
+    x, w = torch.randn(64, 32), torch.randn(16, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.compile(torch.nn.functional.linear, backend=capture("autocast"), fullgraph=True)(x, w)
+    torch._dynamo.reset()
+    torch.compile(torch.nn.functional.linear, backend=capture("bf16"), fullgraph=True)(x.bfloat16(), w.bfloat16())
+    assert found["autocast"].kernels == found["bf16"].kernels + 2  # x and w cast
+    assert found["autocast"].us > found["bf16"].us
