@@ -6,11 +6,13 @@ requires none is computed from one that does (a **cut**: an op under ``no_grad``
 ``inference_mode``, ``detach()``, ``zeros_like``). Two rewrites can change who gets a
 gradient without changing any value:
 
-* **a replacement reaching around a cut**: ``cat([x[:, :2] computed under no_grad,
+* **a replacement reaching around a cut** (or taking one away): ``cat([x[:, :2] computed under no_grad,
   x[:, 2:]])`` equals ``x[:, 0:4]``, but only the second half of ``x`` receives a
   gradient in eager; the slice gives all of ``x`` one. ``GradFlow.problem`` declines a
-  replacement that lets gradient reach a value along a path that crossed a cut, or whose
-  result requires grad where the old value did not (or the reverse);
+  replacement that lets gradient reach a value along a path that crossed a cut, whose
+  result requires grad where the old value did not (or the reverse), or, in a graph with
+  a cut, after which an input or parameter gets no gradient where eager gives it one
+  (a cat passes zeros to the inputs of a chunk nobody differentiates);
 * **merging a member whose result no gradient reaches**: a linear whose output is only
   used detached leaves its weight's ``.grad`` at ``None``; batched with siblings, the
   stack's backward gives it zeros, and an optimizer treats zeros and ``None``
@@ -40,6 +42,9 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
+_DETACH = ("detach", torch.detach, torch.Tensor.detach)
+
+
 def _differentiable(t: torch.Tensor) -> bool:
     return t.dtype.is_floating_point or t.dtype.is_complex
 
@@ -51,12 +56,12 @@ class GradFlow:
     regions; ``ambient_grad`` the grad mode the graph was compiled under; ``autograd``
     whether the level keeps autograd's meaning (Torch-IR) or not (Aten-IR: all free).
 
-    Whether a value requires grad is derived, in graph order: an input as its example value
-    says; an op's result when it runs with gradients recorded, is differentiable, one of
-    its inputs requires grad and its example value does not say otherwise (``detach``,
-    ``zeros_like``). Dynamo's example values alone are not enough: those of ops under
-    ``no_grad`` still say ``requires_grad=True``. A node a rule builds is judged the same
-    way (its metadata was computed under ``no_grad``), and kept once committed.
+    Whether a value requires grad: an existing node's as its example value says (Dynamo
+    ran the op in its region's mode: a view taken under ``no_grad`` of a value that
+    requires grad still requires grad, a new leaf whose gradient stops there). A node a
+    rule builds (its metadata computed under ``no_grad``) is derived: with gradients
+    recorded, when one of its inputs requires grad; without, when it is a view of such an
+    input or returns the input itself. Committed nodes keep what was derived.
     """
 
     def __init__(self, graph: fx.Graph, val: Callable[[Any], Any], regions: Regions, ambient_grad: bool, autograd: bool = True) -> None:
@@ -69,6 +74,8 @@ class GradFlow:
             for n in graph.nodes:
                 self._rg[n] = self._derive(n, self._rg.__getitem__, trust_meta=True)
         self.active = any(self._rg.values())
+        # a graph with a cut: a rewrite may also take away the (zero) gradient a leaf got
+        self.has_cuts = self.active and any(self.is_cut(n) for n in graph.nodes)
 
     def __bool__(self) -> bool:
         """Whether any value of the graph requires grad (a training graph)."""
@@ -83,11 +90,27 @@ class GradFlow:
         out = _tensors(self.val(node))
         if out and not any(_differentiable(t) for t in out):
             return False
-        if trust_meta and out and not any(t.requires_grad for t in out):
-            return False  # detach, zeros_like, an integer result: autograd records nothing
-        if node.target in ("detach", torch.detach, torch.Tensor.detach):
+        if node.target in _DETACH:
             return False
-        return self.grad_enabled_at(node) and any(rg_of(i) for i in node.all_input_nodes)
+        if trust_meta and out:
+            return any(t.requires_grad for t in out)  # Dynamo ran the op under its region's mode
+        if not any(rg_of(i) for i in node.all_input_nodes):
+            return False
+        # without gradients recorded, a view of a value that requires grad still says so (a
+        # new leaf: its gradient stops there), and an op that returns its input returns it
+        return self.grad_enabled_at(node) or self._returns_input(node) or any(t._is_view() for t in out)
+
+    def _returns_input(self, node: fx.Node) -> bool:
+        """``contiguous()`` of a contiguous tensor, ``to()`` its own dtype: the input itself."""
+        out = self.val(node)
+        return isinstance(out, torch.Tensor) and any(self.val(i) is out for i in node.all_input_nodes)
+
+    def flows(self, node: fx.Node) -> bool:
+        """Whether gradient reaching ``node`` goes on to its inputs: it ran with gradients
+        recorded (and is no ``detach``), or it returned its input itself."""
+        if node.target in _DETACH:
+            return False
+        return self.grad_enabled_at(node) or self._returns_input(node)
 
     def _requires_grad(self, node: Any) -> bool:
         return isinstance(node, fx.Node) and self._rg.get(node, False)
@@ -102,13 +125,15 @@ class GradFlow:
         return grad is not False
 
     def is_cut(self, node: fx.Node) -> bool:
-        """A differentiable value that requires no grad though one of its inputs does."""
-        if node.op not in ("call_function", "call_method", "call_module") or self._requires_grad(node):
+        """An op whose inputs require grad but that passes no gradient on to them (under
+        ``no_grad`` or ``inference_mode``, ``detach``); its result requires none, or is a view
+        that became a leaf of its own."""
+        if node.op not in ("call_function", "call_method", "call_module"):
             return False
         out = _tensors(self.val(node))
         if out and not any(_differentiable(t) for t in out):
             return False
-        return any(self._requires_grad(i) for i in node.all_input_nodes)
+        return any(self._requires_grad(i) for i in node.all_input_nodes) and not (self._requires_grad(node) and self.flows(node))
 
     def requires_grad(self, node: fx.Node, built: set[fx.Node]) -> bool:
         """``requires_grad`` of ``node``'s result; ``built``: the new nodes of a rewrite
@@ -152,7 +177,34 @@ class GradFlow:
             if r not in reached:
                 names = ", ".join(o.name for o in olds[:3]) + (", ..." if len(olds) > 3 else "")
                 return f"gradient from {new.name} would reach {r.name}, which gets none from {names} but through a no_grad region or a detach"
+        if self.has_cuts:
+            before = self._leaves_with_gradient({}, set())
+            after = self._leaves_with_gradient(dict(pairs), built)
+            if before - after:
+                lost = ", ".join(sorted(n.name for n in before - after))
+                return f"{lost} would get no gradient (eager gives one, zeros too, through {olds[0].name if olds else pairs[0][0].name})"
         return None
+
+    def _leaves_with_gradient(self, replace: dict[fx.Node, fx.Node], built: set[fx.Node]) -> set[fx.Node]:
+        """The inputs and parameters that get a gradient (zeros too) from the graph's
+        outputs: walk back from the outputs through ops that pass gradient on, reading each
+        replaced node as its replacement."""
+        out = next((n for n in reversed(self.graph.nodes) if n.op == "output"), None)
+        if out is None:
+            return set()
+        leaves: set[fx.Node] = set()
+        stack = [replace.get(i, i) for i in out.all_input_nodes]
+        seen: set[fx.Node] = set()
+        while stack:
+            n = stack.pop()
+            if n in seen or not self.requires_grad(n, built):
+                continue
+            seen.add(n)
+            if n.op in ("placeholder", "get_attr"):
+                leaves.add(n)
+            elif self.flows(n):  # a new node reads the graph as it is, the old nodes included
+                stack.extend(i if n in built else replace.get(i, i) for i in n.all_input_nodes)
+        return leaves
 
     def _grad_reads(self, new: fx.Node, built: set[fx.Node]) -> list[fx.Node]:
         """The existing nodes gradient flows into from ``new`` (through the new nodes that
@@ -163,7 +215,7 @@ class GradFlow:
         stack, seen = [new], {new}
         while stack:
             n = stack.pop()
-            if not self.requires_grad(n, built):
+            if not self.requires_grad(n, built) or not self.flows(n):
                 continue
             for i in n.all_input_nodes:
                 if i in seen:
@@ -212,6 +264,6 @@ class GradFlow:
         for n in reversed(list(self.graph.nodes)):
             if not self._requires_grad(n):
                 continue
-            if (out is not None and out in n.users) or any(u in used for u in n.users):
+            if (out is not None and out in n.users) or any(u in used and self.flows(u) for u in n.users):
                 used.add(n)
         return {n for n in self.graph.nodes if n.op not in ("placeholder", "get_attr", "output") and self._requires_grad(n) and n not in used}

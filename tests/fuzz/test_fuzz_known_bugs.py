@@ -401,3 +401,95 @@ def test_a_rewrite_keeps_requires_grad_and_who_gets_gradients(rule):
     problem = check_source(src, inputs, level="torch_ir", passes="vertical")
     assert problem is None or (rule in problem and expected in problem), problem
     assert_clean(problem)
+
+
+# ---------------------------------------------------------------- views under no_grad, lost zeros
+# Found by the 10,000-case run on the H100's CPUs after the grad-flow check landed, and
+# kept as minimized by the shrinker.
+NO_GRAD_VIEWS_AND_ZEROS = {
+    "test_fuzz_seed2000_case172_torch_ir": (
+        """
+def f(x1):
+    with torch.set_grad_enabled(False):
+        v3 = torch.cat(tensors=[x1[:0], x1[:]], dim=0)
+    v6 = torch.concatenate([v3[0]], axis=0)
+    return (v6[0],)
+""",
+        [InputSpec("x1", (1, 1), "float32", seed=1983259216)],
+    ),
+    "test_fuzz_seed2001_case162_torch_ir": (
+        """
+def f(x0, w16, w17):
+    v12 = torch.nn.functional.linear(x0, w16, w17)
+    with torch.set_grad_enabled(False):
+        v15 = torch.split(v12, split_size_or_sections=1, dim=0)
+        v17 = torch.stack([v15[0]], -3)
+    return (v17,)
+""",
+        [InputSpec("x0", (1, 1, 3), "float32", seed=1859110386), InputSpec("w16", (1, 3), "float32", seed=1552114713, role="data"), InputSpec("w17", (1,), "float32", seed=615701163)],
+    ),
+    "test_fuzz_seed2000_case310_torch_ir": (
+        """
+def f(x1, w2, w5, w8, w11, w14, w17, w18, w19):
+    v3 = F.linear(x1, w2)
+    v5 = torch.nn.functional.linear(x1, w5)
+    v7 = F.linear(x1, w8)
+    v9 = F.linear(x1, w11)
+    torch.set_grad_enabled(False)
+    v11 = F.linear(x1, w14)
+    torch.set_grad_enabled(True)
+    v13 = F.linear(x1, w17)
+    v14 = torch.cat([v3, v5, v7, v9, v11, v13], dim=1)
+    v17 = v14.split(12, -1)
+    v18 = F.linear(v17[0], w18)
+    with torch.inference_mode():
+        v20 = torch.nn.functional.linear(v17[1], w19)
+        v21 = torch.sigmoid(v20)
+    v22 = torch.stack([v18, v21], dim=0)
+    return (v22,)
+""",
+        [InputSpec("x1", (4, 6), "float32", seed=255754644), InputSpec("w2", (4, 6), "float32", seed=507707511, role="param"), InputSpec("w5", (4, 6), "float32", seed=1730717813, role="param"), InputSpec("w8", (4, 6), "float32", seed=1599124444, role="param"), InputSpec("w11", (4, 6), "float32", seed=314439900, role="param"), InputSpec("w14", (4, 6), "float32", seed=273235701, role="param"), InputSpec("w17", (4, 6), "float32", seed=1128747438, role="param"), InputSpec("w18", (2, 12), "float32", seed=1558379445, role="param"), InputSpec("w19", (2, 12), "float32", seed=1092486840, role="param")],
+    ),
+    "test_fuzz_seed2002_case351_torch_ir": (
+        """
+def f(x0, w0, w1, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15, w16, w17, w18, w19):
+    v2 = torch.split(x0, 1, dim=1)
+    v3 = torch.layer_norm(v2[0], [1], w0, w1)
+    with torch.no_grad():
+        v6 = torch.layer_norm(v2[1], [1], w4, w5)
+        v7 = torch.addmm(w7, v6, w6)
+        v8 = torch.tanh(v7)
+    v9 = torch.layer_norm(v2[-3], [1], w8, w9)
+    v10 = torch.addmm(w11, v9, w10)
+    v11 = torch.tanh(v10)
+    v12 = torch.layer_norm(v2[3], [1], w12, w13)
+    v13 = w15.addmm(v12, w14)
+    v14 = torch.tanh(v13)
+    v15 = torch.layer_norm(v2[-1], [1], w16, w17)
+    v16 = w19.addmm(v15, w18)
+    v17 = v16.tanh()
+    v18 = torch.cat(tensors=[v3, v8, v11, v14, v17], dim=1)
+    v19 = v18.select(-1, -4)
+    return (v19,)
+""",
+        [InputSpec("x0", (1, 5), "float32", seed=370230552), InputSpec("w0", (1,), "float32", seed=337568614, role="param"), InputSpec("w1", (1,), "float32", seed=998481076, role="param"), InputSpec("w4", (1,), "float32", seed=885131056, role="param"), InputSpec("w5", (1,), "float32", seed=1970033898, role="param"), InputSpec("w6", (1, 2), "float32", seed=1068024820, role="param"), InputSpec("w7", (2,), "float32", seed=744321657, role="param"), InputSpec("w8", (1,), "float32", seed=194998634, role="param"), InputSpec("w9", (1,), "float32", seed=161817534, role="param"), InputSpec("w10", (1, 2), "float32", seed=517037621, role="param"), InputSpec("w11", (2,), "float32", seed=1800285760, role="param"), InputSpec("w12", (1,), "float32", seed=231506560, role="param"), InputSpec("w13", (1,), "float32", seed=1731466848, role="param"), InputSpec("w14", (1, 2), "float32", seed=79596061, role="param"), InputSpec("w15", (2,), "float32", seed=1147971947, role="param"), InputSpec("w16", (1,), "float32", seed=20207223, role="param"), InputSpec("w17", (1,), "float32", seed=781004302, role="param"), InputSpec("w18", (1, 2), "float32", seed=214530200, role="param"), InputSpec("w19", (2,), "float32", seed=911154090, role="param")],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NO_GRAD_VIEWS_AND_ZEROS))
+def test_views_under_no_grad_and_zero_gradients(name):
+    """Two gaps of the first grad-flow check. A view of a value that requires grad, taken
+    under ``no_grad`` (``x1[:]``, a split's chunk), still requires grad in eager: a new leaf
+    whose gradient stops there. select_of_cat_to_input, split_stack_to_view and
+    split_cat_to_identity replaced a cat computed under no_grad (requires no grad) by such a
+    view, so the output required grad; GradFlow trusted its own derivation over Dynamo's
+    example values, which are right. And a cat passes gradient, zeros included, to every
+    input: ``cat([v3, ..., v13]).split(12)[0]`` gives v9's weight a zero gradient where v9
+    is in the chunk only used under inference_mode; cat_split_to_inputs and
+    select_of_cat_to_input cut that path, and eager's zeros became ``None``. GradFlow now
+    takes ``requires_grad`` from the example values, knows which ops pass gradient on (a
+    view under no_grad does not), and in graphs with a cut compares the inputs and
+    parameters that get a gradient before and after each rewrite."""
+    src, inputs = NO_GRAD_VIEWS_AND_ZEROS[name]
+    assert_clean(check_source(src, inputs, level="torch_ir", grad=True, dynamic=False, passes="vertical"))
