@@ -263,10 +263,11 @@ class AliasAnalysis:
                     continue
                 other_before = before[other] if j is not None else self.base(other)
                 if other_before is before[o]:
-                    if o is old and j is not None and other is pairs[j][0] and pairs[j][1] is new:
-                        # two outputs replaced by one tensor: views of one buffer may have
-                        # been disjoint (unbind(stack([v, v]))), and writing one would change
-                        # the other (views of a replaced node stay the views they were)
+                    if j is not None and j != i and pairs[j][1] is new:
+                        # two replaced nodes become one tensor: outputs from them may have
+                        # been disjoint views of one buffer (unbind(stack([v, v])), the two
+                        # halves of split(cat([v, v]))) and would overlap now; views of one
+                        # replaced node keep the layout they had relative to each other
                         return f"graph outputs {what} and {other.name} would become one tensor"
                     continue  # they certainly shared storage before
                 if j is not None and (disjoint_chunks_ok or self.view.outputs_are_gradients()) and self._distinct_chunks(new, pairs[j][1]):

@@ -493,3 +493,23 @@ def test_views_under_no_grad_and_zero_gradients(name):
     parameters that get a gradient before and after each rewrite."""
     src, inputs = NO_GRAD_VIEWS_AND_ZEROS[name]
     assert_clean(check_source(src, inputs, level="torch_ir", grad=True, dynamic=False, passes="vertical"))
+
+
+def test_fuzz_seed3008_case192_halves_of_a_cat_of_one_tensor():
+    """Found by the 10,000-case run (seed 3008, case 192): ``split(cat([v1, v1]), (5, 5))``;
+    cat_split_to_inputs made both halves v1, so a chunk of the first half and the second
+    half, disjoint views of the cat in eager, became one memory. The output check declined
+    two outputs replaced by one tensor only when both were the replaced nodes; it now also
+    declines views of two replaced nodes that become one tensor (views of a single
+    replaced node keep their layout relative to each other)."""
+    src = """
+def f(x1):
+    v1 = x1 * -1.5
+    v4 = torch.cat([v1, v1], dim=0)
+    v5, v6 = v4.split((5, 5), -3)
+    v7 = v5.chunk(5, dim=1)
+    return (v7[1], v6)
+"""
+    inputs = [InputSpec("x1", (5, 2, 1), "float32", seed=1734230028)]
+    for level in ("torch_ir", "aten_ir"):
+        assert_clean(check_source(src, inputs, level=level, grad=False, dynamic=False, passes="vertical"))
