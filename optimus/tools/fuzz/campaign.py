@@ -73,7 +73,7 @@ class FuzzResult:
         if self.level_skips:
             out.append("levels skipped (torch itself raises or differs, not Optimus): " + ", ".join(f"{k} x{v}" for k, v in sorted(self.level_skips.items())))
             for reason, n in self.level_skip_reasons.most_common(8):
-                out.append(f"  x{n:<4} {reason}")
+                out.append(f"  x{n} {reason}")
         if self.failures:
             kinds = collections.Counter(f"{f.kind}@{f.level}" for f in self.failures)
             out.append("failures: " + ", ".join(f"{k} x{v}" for k, v in kinds.most_common()))
