@@ -1,13 +1,13 @@
 """Where gradients flow in a Torch-IR graph, and what a rewrite must keep of it.
 
 A Torch-IR graph of a training step still carries autograd's meaning: each value either
-requires grad (its example value says so) or not, and gradients stop where a value that
-requires none is computed from one that does (a **cut**: an op under ``no_grad`` or
-``inference_mode``, ``detach()``, ``zeros_like``). Two rewrites can change who gets a
-gradient without changing any value:
+requires grad (its example value says so) or not, and gradients stop at an op that passes
+none on to inputs that require grad (a **cut**: an op under ``no_grad`` or
+``inference_mode``, a view taken there, ``detach()``, ``zeros_like``). Two kinds of
+rewrite can change who gets a gradient without changing any value:
 
-* **a replacement reaching around a cut** (or taking one away): ``cat([x[:, :2] computed under no_grad,
-  x[:, 2:]])`` equals ``x[:, 0:4]``, but only the second half of ``x`` receives a
+* **a replacement reaching around a cut, or taking a path away**: ``cat([x[:, :2]
+  computed under no_grad, x[:, 2:]])`` equals ``x[:, 0:4]``, but only the second half of ``x`` receives a
   gradient in eager; the slice gives all of ``x`` one. ``GradFlow.problem`` declines a
   replacement that lets gradient reach a value along a path that crossed a cut, whose
   result requires grad where the old value did not (or the reverse), or, in a graph with
@@ -155,7 +155,8 @@ class GradFlow:
         """Why replacing each ``old`` by its ``new`` would change who gets a gradient, if it
         would: a result's ``requires_grad`` changes, or gradient from the replacements
         reaches a value that, in the graph as it is, gets gradient from the replaced values
-        only through a cut (or not at all). The pairs count together: the members of a
+        only through a cut (or not at all), or (in a graph with a cut) an input or
+        parameter would get no gradient where eager gives it one. The pairs count together: the members of a
         horizontal group are slices of one batched op whose backward reads every member's
         inputs, as the members together did."""
         if not self.active:
