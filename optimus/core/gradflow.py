@@ -76,6 +76,7 @@ class GradFlow:
         self.active = any(self._rg.values())
         # a graph with a cut: a rewrite may also take away the (zero) gradient a leaf got
         self.has_cuts = self.active and any(self.is_cut(n) for n in graph.nodes)
+        self._leaves_now: set[fx.Node] | None = None  # _leaves_with_gradient of the graph as it is
 
     def __bool__(self) -> bool:
         """Whether any value of the graph requires grad (a training graph)."""
@@ -149,6 +150,7 @@ class GradFlow:
         built = set(new_nodes)
         flags = {n: self.requires_grad(n, built) for n in new_nodes}
         self._rg.update(flags)
+        self._leaves_now = None  # a commit rewired the graph
 
     # ------------------------------------------------------------ rewrites
     def problem(self, pairs: list[tuple[fx.Node, fx.Node]], new_nodes: Iterable[fx.Node]) -> str | None:
@@ -179,7 +181,9 @@ class GradFlow:
                 names = ", ".join(o.name for o in olds[:3]) + (", ..." if len(olds) > 3 else "")
                 return f"gradient from {new.name} would reach {r.name}, which gets none from {names} but through a no_grad region or a detach"
         if self.has_cuts:
-            before = self._leaves_with_gradient({}, set())
+            if self._leaves_now is None:
+                self._leaves_now = self._leaves_with_gradient({}, set())
+            before = self._leaves_now
             after = self._leaves_with_gradient(dict(pairs), built)
             if before - after:
                 lost = ", ".join(sorted(n.name for n in before - after))
