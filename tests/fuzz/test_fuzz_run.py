@@ -223,3 +223,21 @@ def test_a_generator_error_is_counted_and_the_run_goes_on(monkeypatch):
     assert res.generated == 3 and res.skipped["generator raised NameError"] == 1, res.summary()
     assert res.skip_examples["generator raised NameError"].startswith("seed 3, case 1:")
     assert "generator raised NameError x1" in res.summary()
+
+
+def test_a_run_may_start_anywhere_in_the_seeds_stream(monkeypatch, capsys):
+    """``first`` (``--first``) runs the cases from that index on: a campaign splits one
+    seed's stream over processes, so a crash ends one chunk and the cases stay the same."""
+    from optimus.cli import main
+    from optimus.tools.fuzz import campaign
+
+    seen = []
+    real = campaign.generate
+    monkeypatch.setattr(campaign, "generate", lambda seed, index: seen.append(index) or real(seed, index))
+    res = fuzz.fuzz(cases=2, seed=3, first=4, levels=("torch_ir",), passes="none")
+    assert seen == [4, 5] and res.generated == 2 and res.to_dict()["first"] == 4
+    assert "2 cases requested from case 4" in res.summary()
+    with pytest.raises(ValueError, match="first must be >= 0"):
+        fuzz.fuzz(cases=1, first=-1)
+    assert main(["fuzz", "--list", "--seed", "3", "--first", "4", "--cases", "1"]) == 0
+    assert capsys.readouterr().out.startswith("# seed 3, case 4:")

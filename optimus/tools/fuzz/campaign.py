@@ -30,6 +30,7 @@ class FuzzResult:
     aliasing: str = "new"
     dynamic: str = "mixed"
     grad: str = "mixed"
+    first: int = 0  # index of the first case
     generated: int = 0
     passed: int = 0
     nograd: int = 0  # cases that ran without gradients (autograd rejects their writes)
@@ -38,6 +39,7 @@ class FuzzResult:
     level_skip_reasons: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # "level: what torch did"
     skip_examples: dict[str, str] = dataclasses.field(default_factory=dict)
     failed_cases: int = 0
+    fp64_judged: int = 0  # levels beyond the tolerance that the fp64 rule passed
     failures: list[Failure] = dataclasses.field(default_factory=list)
     fired: dict[str, collections.Counter] = dataclasses.field(default_factory=dict)
     declined: dict[str, collections.Counter] = dataclasses.field(default_factory=dict)
@@ -63,11 +65,13 @@ class FuzzResult:
         import optimus
 
         out = [
-            f"optimus fuzz: seed {self.seed}, {self.requested} cases requested, levels {'+'.join(self.levels)}, "
+            f"optimus fuzz: seed {self.seed}, {self.requested} cases requested{f' from case {self.first}' if self.first else ''}, levels {'+'.join(self.levels)}, "
             f"passes {self.passes!r}, aliasing {self.aliasing!r}, dynamic {self.dynamic!r}, grad {self.grad!r}, batch {self.batch}, torch {torch.__version__}",
             f"cases: {self.generated} generated, {self.passed} passed, {self.skipped_total} skipped, {self.failed_cases} failed"
             f" ({self.nograd} ran without gradients: autograd rejects their in-place writes)",
         ]
+        if self.fp64_judged:
+            out.append(f"judged against an fp64 reference (beyond the tolerance, within PyTorch's benchmark rule): {self.fp64_judged} levels")
         if self.skipped:
             out.append("skipped: " + ", ".join(f"{k} x{v}" for k, v in self.skipped.most_common()))
         if self.level_skips:
@@ -110,6 +114,7 @@ class FuzzResult:
             "command": " ".join(sys.argv),
             "rules": rules,
             "seed": self.seed,
+            "first": self.first,
             "requested": self.requested,
             "levels": list(self.levels),
             "passes": self.passes,
@@ -126,6 +131,7 @@ class FuzzResult:
             "level_skips": dict(self.level_skips),
             "level_skip_reasons": dict(self.level_skip_reasons),
             "failed_cases": self.failed_cases,
+            "fp64_judged": self.fp64_judged,
             "failures": [f.to_dict() for f in self.failures],
             "fired": {lv: dict(c) for lv, c in self.fired.items()},
             "declined": {lv: dict(c) for lv, c in self.declined.items()},
@@ -216,6 +222,7 @@ class _Fuzzer:
                 res.level_skip_reasons[reason] += 1
                 res.skip_examples.setdefault(reason, f"{o.case.label}: {lr.message[:500]}")
                 res.skip_examples.setdefault(f"level {lv}", f"{o.case.label}: {lr.message[:500]}")
+        res.fp64_judged += sum(lr.fp64_judged for lr in o.levels.values())
         bad = o.failures
         if not bad:
             res.passed += passed
@@ -255,8 +262,10 @@ def fuzz(
     progress_every: float = 10.0,
     dynamic: str = "mixed",
     grad: str = "mixed",
+    first: int = 0,
 ) -> FuzzResult:
-    """Generate ``cases`` programs from ``seed`` and check each at ``levels``
+    """Generate ``cases`` programs from ``seed`` (indices ``first`` on: a campaign may run
+    one seed's stream in several processes) and check each at ``levels``
     (``torch_ir``, ``aten_ir``: ``optimus.optimize`` on the captured graphs; ``compile``:
     ``optimus.compile`` end to end).
 
@@ -282,16 +291,18 @@ def fuzz(
         raise ValueError(f"grad must be one of {GRAD_MODES}, got {grad!r}")
     if aliasing not in ALIASING_MODES:
         raise ValueError(f"aliasing must be one of {ALIASING_MODES}, got {aliasing!r}")
-    res = FuzzResult(seed, cases, tuple(levels), passes, max(1, batch), aliasing, dynamic, grad)
+    if first < 0:
+        raise ValueError(f"first must be >= 0, got {first}")
+    res = FuzzResult(seed, cases, tuple(levels), passes, max(1, batch), aliasing, dynamic, grad, first=first)
     fz = _Fuzzer(res, shrink_seconds, max_shrink, on_failure)
     t0 = last = time.perf_counter()
     c0 = time.process_time()
     pending: dict[tuple[bool, bool, bool], list[Case]] = collections.defaultdict(list)
     with _quiet():
-        for index in range(cases):
+        for index in range(first, first + cases):
             res.seconds = time.perf_counter() - t0
             if max_seconds is not None and res.seconds > max_seconds:
-                res.stopped = f"time limit ({max_seconds:g} s) after {index} cases"
+                res.stopped = f"time limit ({max_seconds:g} s) after {index - first} cases"
                 break
             if res.failed_cases >= max_failures:
                 res.stopped = f"{res.failed_cases} failing cases (max_failures)"

@@ -19,6 +19,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cases", type=int, default=200, help="number of programs (default 200)")
     p.add_argument("--seed", type=int, default=0, help="seed of the program stream (default 0)")
     p.add_argument(
+        "--first", type=int, default=0, help="index of the first case in the seed's stream (default 0; a campaign splits a seed over processes)"
+    )
+    p.add_argument(
         "--level",
         choices=["both", *ALL_LEVELS],
         default="both",
@@ -65,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_cli(args: argparse.Namespace) -> int:
     if args.list:
-        for i in range(args.cases):
+        for i in range(args.first, args.first + args.cases):
             c = generate(args.seed, i)
             flags = f"grad={c.grad} dynamic={c.dynamic}"
             print(f"# {c.label}: {flags}; " + "; ".join(str(spec) for spec in c.inputs))
@@ -96,6 +99,7 @@ def run_cli(args: argparse.Namespace) -> int:
     res = fuzz(
         cases=args.cases,
         seed=args.seed,
+        first=args.first,
         levels=levels,
         passes=passes,
         batch=args.batch,

@@ -69,13 +69,16 @@ BARE = "call:"
 @dataclasses.dataclass(frozen=True)
 class InputSpec:
     """One argument of a case: name, shape, dtype, the seed of its random values, and its
-    role (``ROLES``: a data input, a parameter, a frozen parameter or a buffer)."""
+    role (``ROLES``: a data input, a parameter, a frozen parameter or a buffer).
+    ``upcast``: the value is made as for ``dtype`` and then held in float64 (the copy the
+    fp64 reference runs on, as PyTorch's benchmark harness makes one)."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str = "float32"
     seed: int = 0
     role: str = "input"
+    upcast: bool = False
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -96,6 +99,8 @@ class InputSpec:
         seed = self.seed if call == 0 or self.state else (self.seed * 1_000_003 + call) % 2**31
         g = torch.Generator().manual_seed(seed)
         t = torch.randn(tuple(self.shape), generator=g, dtype=torch.float32).to(DTYPES[self.dtype])
+        if self.upcast:
+            t = t.to(torch.float64)
         if self.role in ("param", "frozen"):
             return torch.nn.Parameter(t, requires_grad=self.requires_grad(grad))
         return t.requires_grad_(self.requires_grad(grad))
@@ -184,6 +189,11 @@ class Case:
         """The program sums products or normalizes (matmuls, linears, layer_norm, einsum):
         compared with ``MATH`` tolerances, as reassociated sums differ in the last bits."""
         return bool(_REDUCES.search(self.source()))
+
+    def in_fp64(self) -> "Case":
+        """This case with every argument held in float64 (values made as before, then
+        upcast): the program PyTorch's benchmark harness would take as its fp64 reference."""
+        return dataclasses.replace(self, inputs=tuple(dataclasses.replace(s, upcast=True) for s in self.inputs))
 
     @property
     def has_state(self) -> bool:
