@@ -158,7 +158,8 @@ class GradFlow:
         would: a result's ``requires_grad`` changes, or gradient from the replacements
         reaches a value that, in the graph as it is, gets gradient from the replaced values
         only through a cut (or not at all), or (in a graph with a cut) an input or
-        parameter would get no gradient where eager gives it one. The pairs count together: the members of a
+        parameter would get no gradient where eager gives it one (checked in graphs without a
+        cut too, where the rewrite leaves a value unused). The pairs count together: the members of a
         horizontal group are slices of one batched op whose backward reads every member's
         inputs, as the members together did."""
         if not self.active:
@@ -180,7 +181,7 @@ class GradFlow:
             if r not in reached:
                 names = ", ".join(o.name for o in olds[:3]) + (", ..." if len(olds) > 3 else "")
                 return f"gradient from {new.name} would reach {r.name}, which gets none from {names} but through a no_grad region or a detach"
-        if self.has_cuts:
+        if self.has_cuts or self._may_drop_a_use(pairs, built):
             if self._leaves_now is None:
                 self._leaves_now = self._leaves_with_gradient({}, set())
             before = self._leaves_now
@@ -189,6 +190,20 @@ class GradFlow:
                 lost = ", ".join(sorted(n.name for n in before - after))
                 return f"{lost} would get no gradient (eager gives one, zeros too, through {olds[0].name if olds else pairs[0][0].name})"
         return None
+
+    def _may_drop_a_use(self, pairs: list[tuple[fx.Node, fx.Node]], built: set[fx.Node]) -> bool:
+        """Whether the rewrite may leave a value that requires grad unused (and so an input
+        or parameter behind it without a gradient): some input of a replaced node is used by
+        replaced nodes and unused nodes only, and read by no replacement. Cheap, and what tells when a graph
+        without cuts needs the whole-graph walk (``slice(cat([x, w]))`` -> ``x`` leaves ``w``
+        unused)."""
+        replaced = {old for old, _ in pairs}
+        kept = {new for _, new in pairs} | {i for n in built for i in n.all_input_nodes}
+        for old in replaced:
+            for i in old.all_input_nodes:
+                if i not in kept and self._requires_grad(i) and all(u in replaced or (u.op != "output" and not u.users) for u in i.users):
+                    return True
+        return False
 
     def _leaves_with_gradient(self, replace: dict[fx.Node, fx.Node], built: set[fx.Node]) -> set[fx.Node]:
         """The inputs and parameters that get a gradient (zeros too) from the graph's

@@ -5,6 +5,8 @@ tests/fuzz/test_fuzz_known_bugs.py; here the analysis is checked on Dynamo's gra
 
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.fx as fx
 
@@ -158,3 +160,28 @@ def test_a_horizontal_group_in_training_is_not_a_reach_around():
     declined = [r for rep in run.reports for g in rep.graphs for s in g.rules.values() for r in s.declined]
     assert run.matched("batch_linear_lhs") == 1, declined
     assert not [r for r in declined if "gradient" in r], declined
+
+
+def _slice_of_cat_with_a_parameter(x, w):
+    c = torch.cat([x, w.expand(3, 2)], 1)
+    return c[:, :4] * 2
+
+
+def test_a_rewrite_leaving_a_parameter_unused_is_a_problem_without_cuts_too():
+    """No cut anywhere, yet ``slice(cat([x, w]))`` -> ``x`` would leave ``w`` unused: eager
+    gives it a zero gradient, the rewritten graph ``None`` (an optimizer's weight decay and
+    momentum treat the two differently). Replacing by a value that keeps every input used
+    is no problem."""
+    w = torch.nn.Parameter(torch.randn(2))
+    gm = _capture(_slice_of_cat_with_a_parameter, torch.randn(3, 4, requires_grad=True), w)
+    flow = _flow(gm)
+    assert not flow.has_cuts
+    x_node = next(n for n in gm.graph.nodes if n.op == "placeholder")
+    s = next(n for n in gm.graph.nodes if n.op == "call_function" and n.target is operator.getitem)
+    problem = flow.problem([(s, x_node)], [])
+    assert problem is not None and "would get no gradient" in problem, problem
+    c = s.args[0]
+    with gm.graph.inserting_before(s):
+        keep = gm.graph.call_function(torch.narrow, (c, 1, 0, 4))
+    keep.meta["example_value"] = s.meta["example_value"]
+    assert flow.problem([(s, keep)], [keep]) is None

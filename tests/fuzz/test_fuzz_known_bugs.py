@@ -513,3 +513,18 @@ def f(x1):
     inputs = [InputSpec("x1", (5, 2, 1), "float32", seed=1734230028)]
     for level in ("torch_ir", "aten_ir"):
         assert_clean(check_source(src, inputs, level=level, grad=False, dynamic=False, passes="vertical"))
+
+
+def test_a_slice_of_a_cat_keeps_the_zero_gradient_of_the_member_it_leaves():
+    """A graph without any cut: ``cat([x0, w0.expand(3, 2)])[:, :4]`` gives ``w0`` a zero
+    gradient in eager; ``slice_of_cat_to_input`` (returning ``x0``) left it ``None``. The
+    whole-graph walk of who gets a gradient ran only in graphs with a cut; it now also runs
+    where a rewrite may leave a value that requires grad unused (core/gradflow.py)."""
+    src = """
+def f(x0, w0):
+    v0 = torch.cat([x0, w0.expand(3, 2)], 1)
+    return (v0[:, :4] * 2,)
+"""
+    inputs = [InputSpec("x0", (3, 4), "float32", seed=1), InputSpec("w0", (2,), "float32", seed=2, role="param")]
+    assert_clean(check_source(src, inputs, level="both"))
+    assert_clean(check_source(src, inputs, level="both", passes="all"))
