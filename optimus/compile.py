@@ -61,7 +61,7 @@ CUDAGRAPH_KERNELS_ENV = "OPTIMUS_CUDAGRAPH_KERNELS"
 
 # What decides the code a compile produces: the core, the level views and drivers, the
 # rules, the integration, and the kernels the rules may emit (the whole kernels package:
-# their benchmarks live in optimus/bench/kernels). The tools (demo, fuzzer, scale, GPU
+# their benchmarks live in optimus/tools/bench/kernels). The tools (demo, fuzzer, scale, GPU
 # check), the benchmark harness, the model zoo, the measurement helpers and the command
 # line do not; changing them keeps every compile-cache entry valid.
 COMPILED_SOURCES: tuple[str, ...] = ("core", "torch_ir", "aten_ir", "inductor_ir", "rules", "planner", "compile.py", "torch_api.py", "distributed.py", "packing.py", "safety_net.py")

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import optimus
-from optimus import measure, safety_net
+from optimus.tools import measure, safety_net
 from optimus.core.snapshot import restore, snapshot
 
 

@@ -1,4 +1,4 @@
-"""``python -m optimus.bench ...``: the same as ``optimus bench ...``."""
+"""``python -m optimus.tools.bench ...``: the same as ``optimus bench ...``."""
 
 import sys
 
