@@ -59,37 +59,50 @@ DEFAULT_PASSES = "auto"
 CUDAGRAPH_KERNELS_ENV = "OPTIMUS_CUDAGRAPH_KERNELS"
 
 
-# What decides the code a compile produces: the core, the level views and drivers, the
-# rules, the integration, and the kernels the rules may emit (the whole kernels package:
-# their benchmarks live in optimus/bench/kernels). The tools (demo, fuzzer, scale, GPU
-# check), the benchmark harness, the model zoo, the measurement helpers and the command
-# line do not; changing them keeps every compile-cache entry valid.
-COMPILED_SOURCES: tuple[str, ...] = ("core", "torch_ir", "aten_ir", "inductor_ir", "rules", "planner", "compile.py", "torch_api.py", "distributed.py", "packing.py", "safety_net.py")
+# What decides the code a compile produces: every module of the package outside this one
+# folder, and the kernels the rules may emit (the whole kernels package). The folder holds
+# the tools (the command line, the demo, the fuzzer, the bench and the kernel benchmarks,
+# the model zoo, the measurement helpers); changing them keeps every compile-cache entry
+# valid. A module added anywhere else in the package is hashed from the moment it exists.
+TOOLS_FOLDER = "tools"
 
 
-def compiled_source_files() -> list[tuple[str, pathlib.Path]]:
-    """(name in the key, path) of every source file the compile-cache key hashes, sorted."""
-    root = pathlib.Path(__file__).parent
+def compiled_source_files(package: pathlib.Path | None = None,
+                          kernels: list[pathlib.Path] | None = None) -> list[tuple[str, pathlib.Path]]:
+    """(name in the key, path) of every source file the compile-cache key hashes, sorted:
+    each ``.py`` under ``package`` (default: this package's folder) but those under its
+    tools folder, and each ``.py`` of ``kernels`` (default: the folders of the installed
+    ``optimus.kernels``, which in a checkout is the top-level ``kernels/``), named
+    ``kernels/...``."""
+    root = pathlib.Path(__file__).parent if package is None else package
     found: list[tuple[str, pathlib.Path]] = []
-    for entry in COMPILED_SOURCES:
-        path = root / entry
-        files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
-        found += [(f.relative_to(root).as_posix(), f) for f in files]
-    spec = importlib.util.find_spec("optimus.kernels")  # a top-level folder in a checkout
-    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
-        found += [(f"kernels/{f.relative_to(folder).as_posix()}", f) for f in sorted(pathlib.Path(folder).rglob("*.py"))]
+    for f in root.rglob("*.py"):
+        name = f.relative_to(root).as_posix()
+        # an installed kernels package sits inside the package: it is hashed below, once
+        if name.split("/", 1)[0] not in (TOOLS_FOLDER, "kernels"):
+            found.append((name, f))
+    if kernels is None:
+        spec = importlib.util.find_spec("optimus.kernels")
+        kernels = [pathlib.Path(p) for p in (spec.submodule_search_locations or [])] if spec is not None else []
+    for folder in kernels:
+        found += [(f"kernels/{f.relative_to(folder).as_posix()}", f) for f in folder.rglob("*.py")]
     return sorted(found)
+
+
+def hash_sources(files: list[tuple[str, pathlib.Path]]) -> str:
+    """Hash of the torch version and of ``files``' names and contents (in the order given)."""
+    h = hashlib.sha256(torch.__version__.encode())
+    for name, path in files:
+        h.update(name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
 
 
 @functools.lru_cache(maxsize=1)
 def source_fingerprint() -> str:
     """Hash of the sources that decide compiled code and the torch version (part of every
     cache key)."""
-    h = hashlib.sha256(torch.__version__.encode())
-    for name, path in compiled_source_files():
-        h.update(name.encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()[:16]
+    return hash_sources(compiled_source_files())
 
 
 SCHEDULER_HOOKS = torch_api.SCHEDULER_HOOKS

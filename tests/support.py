@@ -174,8 +174,8 @@ def assert_same_dtypes(got: Any, eager: Any) -> None:
 
 def assert_accurate_tree(got: Any, eager: Any, ref64: Any, tol: float = 1e-4) -> None:
     """Each tensor of ``got`` passes the benchmark harness's accuracy rule against eager fp32
-    and fp64 eager (``optimus.bench.accuracy.judge_tensor``, CPU tolerance)."""
-    from optimus.bench.accuracy import judge_tensor
+    and fp64 eager (``optimus.tools.bench.accuracy.judge_tensor``, CPU tolerance)."""
+    from optimus.tools.bench.accuracy import judge_tensor
 
     lg, le, lr = (torch.utils._pytree.tree_leaves(t) for t in (got, eager, ref64))
     assert len(lg) == len(le) == len(lr)

@@ -1,7 +1,7 @@
 """The package's architecture: its import graph (no cycle; ``optimus/core`` imports nothing
-outside it; nothing below the rules imports a rule; the planner imports no level; the
-library does not import the tools; a kernel family imports only the runtime), and no rule
-named outside its own file.
+outside it; nothing below the rules imports a rule; the planner imports no level; nothing
+outside ``optimus/tools/`` imports the tools; a kernel family imports only the runtime),
+and no rule named outside its own file.
 
 Every ``import`` / ``from ... import`` statement of every module of the package (and of
 ``kernels/``, installed as ``optimus.kernels``) is read with ``ast``, including the ones
@@ -207,12 +207,27 @@ def test_fixpoint_and_numeric_check_do_not_import_each_other():
     assert "optimus.core.driver" not in graph["optimus.core.numeric"]
 
 
-def test_library_does_not_import_the_tools():
-    """Only the command line reaches into ``optimus.tools`` (and the tools into each other)."""
+TOOLS = "optimus.tools"
+
+
+def _is_tool(name: str) -> bool:
+    return name == TOOLS or name.startswith(TOOLS + ".")
+
+
+def test_nothing_outside_the_tools_imports_the_tools():
+    """The tools (the command line, bench, zoo, fuzzer, demo, kernel benchmarks) live in one
+    folder, ``optimus/tools/``, and import the library; nothing outside that folder imports
+    them (the compile-cache key hashes everything else)."""
     graph = import_graph()
-    library = [n for n in graph if not n.startswith("optimus.tools") and n not in ("optimus.cli",)]
-    reaching = sorted((n, t) for n in library for t in graph[n] if t.startswith("optimus.tools"))
-    assert not reaching, f"library modules importing tools: {reaching}"
+    reaching = sorted((n, t) for n in graph if not _is_tool(n) for t in graph[n] if _is_tool(t))
+    assert not reaching, f"modules outside optimus/tools importing tools: {reaching}"
+    assert {"optimus.tools.cli", "optimus.tools.bench.harness", "optimus.tools.models", "optimus.tools.fuzz"} <= set(graph)
+
+
+def test_the_tools_rule_catches_an_import_of_a_tool():
+    tree = ast.parse("def f():\n    from .tools.bench import harness\n")
+    targets = [t for node in _import_nodes(tree) for t in _targets("optimus.compile", node)]
+    assert targets == ["optimus.tools.bench.harness"] and _is_tool(targets[0]) and not _is_tool("optimus.toolsmith")
 
 
 def test_the_checker_sees_lazy_imports_and_skips_type_checking_ones():
@@ -221,7 +236,7 @@ def test_the_checker_sees_lazy_imports_and_skips_type_checking_ones():
         "if TYPE_CHECKING:\n    from optimus.rules import x\n"
         "def f():\n    from .core import rule\n    import optimus.compile\n"
     )
-    targets = [t for node in _import_nodes(tree) for t in _targets("optimus.cli", node)]
+    targets = [t for node in _import_nodes(tree) for t in _targets("optimus.packing", node)]
     assert sorted(targets) == ["optimus.compile", "optimus.core.rule"]
 
 
@@ -298,8 +313,8 @@ RULE_NAMES_ALLOWED: dict[str, tuple[frozenset[str] | None, str]] = {
     "optimus/tools/gpu_check.py": (None, "a tool: it selects rules by name, as a user does"),
     "optimus/tools/scale.py": (None, "a tool: it reads a rule's count from the report, as a user does"),
     "optimus/tools/fuzz/shrink.py": (None, "a tool: the fuzzer's shrinker names the rewrite it does not count as a finding"),
-    "optimus/bench/kernels/grouped.py": (frozenset({"grouped_linear", "batched_layer_norm"}), "kernel names (a rule is named after the kernel it emits)"),
-    "optimus/bench/kernels/overhead.py": (frozenset({"grouped_mm"}), "a route of the grouped-linear kernel (torch's grouped_mm)"),
+    "optimus/tools/bench/kernels/grouped.py": (frozenset({"grouped_linear", "batched_layer_norm"}), "kernel names (a rule is named after the kernel it emits)"),
+    "optimus/tools/bench/kernels/overhead.py": (frozenset({"grouped_mm"}), "a route of the grouped-linear kernel (torch's grouped_mm)"),
 }
 
 

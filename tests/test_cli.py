@@ -2,7 +2,7 @@ import json
 import subprocess
 import sys
 
-from optimus.cli import main
+from optimus.tools.cli import main
 
 
 def test_help_lists_subcommands(capsys):
@@ -28,5 +28,5 @@ def test_bad_passes_is_a_clear_error(capsys):
 
 
 def test_console_script_installed():
-    out = subprocess.run([sys.executable, "-m", "optimus.cli", "--help"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-m", "optimus.tools.cli", "--help"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "demo" in out.stdout

@@ -44,7 +44,7 @@ USER_MODULE = textwrap.dedent('''
 
 def optimus_cli(*args, cwd=None, timeout=600):
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run([sys.executable, "-m", "optimus.cli", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "optimus.tools.cli", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -81,7 +81,7 @@ def test_a_wrong_model_is_a_clear_error(user_dir):
     (["bench", "--model", "towers32", "--inputs", "2x32"], "--inputs goes with a model of yours"),
 ])
 def test_wrong_models_and_inputs_say_what_is_wrong(user_dir, monkeypatch, capsys, argv, message):
-    from optimus.cli import main
+    from optimus.tools.cli import main
 
     monkeypatch.chdir(user_dir)
     monkeypatch.syspath_prepend(str(user_dir))
@@ -97,7 +97,7 @@ def test_factory_forms(user_dir, monkeypatch):
 
     import torch
 
-    from optimus import user_model
+    from optimus.tools import user_model
 
     monkeypatch.chdir(user_dir)
     monkeypatch.setattr(_sys, "path", [p for p in _sys.path if p not in ("", str(user_dir))])
@@ -118,7 +118,7 @@ def test_exclusion_on_the_command_line(capsys):
     assert report["passes"] == "auto,-split_cat_to_identity"
     assert not any("split_cat_to_identity" in g["rules"] for g in report["graphs"])
     assert any(n.startswith("excluded: split_cat_to_identity") for n in report["notes"])
-    from optimus.cli import main
+    from optimus.tools.cli import main
 
     assert main(["explain", "--small", "--device", "cpu", "--passes", "auto,-split_cat_identity"]) == 2
     assert "Did you mean: split_cat_to_identity" in capsys.readouterr().err
@@ -140,7 +140,7 @@ def test_bench_a_model_of_ones_own_as_json(user_dir):
 def test_the_old_json_file_form_still_works(tmp_path, capsys):
     import argparse
 
-    from optimus.cli_json import add_json_arguments, json_targets
+    from optimus.tools.cli_json import add_json_arguments, json_targets
 
     p = argparse.ArgumentParser()
     add_json_arguments(p, file_form=True)
@@ -162,7 +162,7 @@ def test_rules_table_and_json_convention(tmp_path, capsys):
     assert first[starts[1] - 2:starts[1]] == "  "  # the columns do not run together
     listed = json.loads(path.read_text())
     assert {"name", "kind", "levels", "anchors", "summary"} <= set(listed[0])
-    from optimus.cli import main
+    from optimus.tools.cli import main
 
     assert main(["rules", "--upstream", "--json"]) == 0
     assert any(p["name"] == "split_cat_pass" for p in json.loads(capsys.readouterr().out))

@@ -331,7 +331,7 @@ def test_the_entry_point_never_raises(monkeypatch):
 
 @pytest.mark.slow
 def test_explain_json_is_not_polluted_by_logs(tmp_path):
-    code = "import sys, optimus.cli; sys.exit(optimus.cli.main(['explain', '--small', '--json']))"
+    code = "import sys, optimus.tools.cli; sys.exit(optimus.tools.cli.main(['explain', '--small', '--json']))"
     done = run_python(code, {"TORCH_LOGS": "+optimus"}, tmp_path, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads(done.stdout)  # the logs went to stderr

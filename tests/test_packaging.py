@@ -19,7 +19,7 @@ def test_every_package_is_listed():
 
 def test_entry_points_declared():
     proj = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert proj["scripts"]["optimus"] == "optimus.cli:main"
+    assert proj["scripts"]["optimus"] == "optimus.tools.cli:main"
     assert proj["entry-points"]["torch_dynamo_backends"]["optimus"] == "optimus.compile:optimus_backend"
 
 
@@ -40,7 +40,7 @@ OLDEST, NEWEST = "2.11", "2.15"  # the torch releases CI tests on (.ci/run)
 def test_distribution_name_is_our_own():
     # PyPI's `optimus` is an unrelated project: installing or upgrading by that name would take it
     assert PROJECT["name"] == DIST
-    assert PROJECT["scripts"]["optimus"] == "optimus.cli:main"
+    assert PROJECT["scripts"]["optimus"] == "optimus.tools.cli:main"
 
 
 def test_metadata_is_complete():
@@ -126,7 +126,7 @@ def test_built_wheel_installs_and_runs(tmp_path):
     assert info["typed"] and info["license"]
     assert info["meta"]["Name"] == [DIST] and info["meta"]["License-Expression"] == ["BSD-3-Clause"]
     assert any(r.startswith("torch") and "<" in r and ">=" in r for r in info["meta"]["Requires-Dist"])
-    assert info["eps"]["console_scripts:optimus"] == "optimus.cli:main"
+    assert info["eps"]["console_scripts:optimus"] == "optimus.tools.cli:main"
     assert info["eps"]["torch_dynamo_backends:optimus"] == "optimus.compile:optimus_backend"
     assert info["eps"]["torch.backends:optimus_logs"] == "_optimus_torch_logs:autoload"
     help_text = _run(venv / "bin" / "optimus", "--help", cwd=tmp_path)

@@ -22,7 +22,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 import optimus
 from optimus.compile import CUDAGRAPH_KERNELS_ENV
-from optimus.models.towers import Tower  # Linear -> LayerNorm -> ReLU
+from optimus.tools.models.towers import Tower  # Linear -> LayerNorm -> ReLU
 from optimus.packing import NOT_BY_DEFAULT_PLANNED, find_groups, pack_by_default, packed_slot
 
 

@@ -12,7 +12,8 @@ import torch
 import torch.fx as fx
 
 import optimus
-from optimus import cli, graph_pictures
+from optimus import graph_pictures
+from optimus.tools import cli
 from optimus.graph_pictures import ADDED, REMOVED, REWIRED, GraphChange, NodeInfo, recording, to_dot, write_pictures
 
 

@@ -48,7 +48,7 @@ def test_no_printer_hand_pads_columns():
 
 def test_kernel_benchmark_tables_render():
     """The GPU benchmarks' tables, from made-up reports (the figures need a GPU; the layout does not)."""
-    from optimus.bench.kernels import embedding_bag, grouped
+    from optimus.tools.bench.kernels import embedding_bag, grouped
 
     report = {"date": "d", "gpu": "g", "torch": "t", "triton": "x", "ceilings": {},
               "grouped_linear": [{"kind": "uniform", "act": "none", "dtype": "bfloat16", "G": 8,

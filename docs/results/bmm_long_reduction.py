@@ -15,7 +15,7 @@ import json
 
 import torch
 
-from optimus.measure import median_step_ms
+from optimus.tools.measure import median_step_ms
 from optimus.rules.horizontal import long_reduction
 
 SHAPES = [

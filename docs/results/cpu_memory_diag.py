@@ -30,8 +30,8 @@ os.environ["OPTIMUS_KERNEL_RULES_ON_CPU"] = "1"
 import torch  # noqa: E402
 
 import optimus  # noqa: E402
-from optimus import measure  # noqa: E402
-from optimus.bench.external import get_bench_model  # noqa: E402
+from optimus.tools import measure  # noqa: E402
+from optimus.tools.bench.external import get_bench_model  # noqa: E402
 from optimus.planner import costmodel, memory, plan  # noqa: E402
 
 PROFILE = os.path.join(os.path.dirname(__file__), "h200-profile", "profile-NVIDIA_H200_2_11_0_cu130.json")

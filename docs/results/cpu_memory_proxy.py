@@ -2,7 +2,7 @@
 
 Compiles a zoo model (or an external one: hf_bert, hf_gpt2) on the CPU with the planner priced for the H200 (the committed device
 profile) and the kernel-op rules on, runs two steps, then measures one step's own peak of
-tensor memory (profiler allocation events, ``optimus.measure.peak_tensor_memory``).
+tensor memory (profiler allocation events, ``optimus.tools.measure.peak_tensor_memory``).
 
     python docs/results/cpu_memory_proxy.py MODEL infer|train inductor,all,auto[,all-packed,auto-packed]
 
@@ -17,8 +17,8 @@ os.environ["OPTIMUS_KERNEL_RULES_ON_CPU"] = "1"
 import torch  # noqa: E402
 
 import optimus  # noqa: E402
-from optimus import measure  # noqa: E402
-from optimus.bench.external import get_bench_model  # noqa: E402  (zoo and external models)
+from optimus.tools import measure  # noqa: E402
+from optimus.tools.bench.external import get_bench_model  # noqa: E402  (zoo and external models)
 from optimus.planner import costmodel  # noqa: E402
 
 PROFILE = os.path.join(os.path.dirname(__file__), "h200-profile", "profile-NVIDIA_H200_2_11_0_cu130.json")

@@ -13,7 +13,7 @@
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 D="--model ${MODELS:-towers32,splitcat} --mode infer,train --device cuda --size small --configs ${CONFIGS:-inductor,optimus} --iters 20 --workers 4 --quiet"
-timeout ${LIMIT:-70} python -m optimus.bench $D --json $OUT/static.json > $OUT/static.log 2>&1 &
-timeout ${LIMIT:-70} python -m optimus.bench $D --dynamic --json $OUT/dynamic.json > $OUT/dynamic.log 2>&1 &
+timeout ${LIMIT:-70} python -m optimus.tools.bench $D --json $OUT/static.json > $OUT/static.log 2>&1 &
+timeout ${LIMIT:-70} python -m optimus.tools.bench $D --dynamic --json $OUT/dynamic.json > $OUT/dynamic.log 2>&1 &
 wait
 python docs/results/compare_dynamic.py $OUT/static.json $OUT/dynamic.json $OUT/dynamic-compare.json

@@ -19,7 +19,7 @@ shard() {  # name, seed, cases, passes: chunk after chunk until the cases or the
     left=$(( MAX_SECONDS - ($(date +%s) - start) ))
     [ "$left" -le 0 ] && break
     local n=$(( $3 - first < CHUNK ? $3 - first : CHUNK )) name="$1-c$first"
-    python -m optimus.cli fuzz --cases "$n" --first "$first" --seed "$2" --passes "$4" --max-failures 20 \
+    python -m optimus.tools.cli fuzz --cases "$n" --first "$first" --seed "$2" --passes "$4" --max-failures 20 \
       --max-seconds "$left" --shrink-seconds 30 --max-shrink 3 --quiet --json-out "$WORK/$name.json" > "$WORK/$name.log" 2>&1
     echo $? > "$WORK/$name.rc"
     first=$(( first + n ))

@@ -15,7 +15,7 @@ import os
 import torch
 
 import optimus
-from optimus.bench.external import get_bench_model
+from optimus.tools.bench.external import get_bench_model
 from torch._inductor import cudagraph_trees
 
 

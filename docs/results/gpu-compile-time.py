@@ -15,11 +15,11 @@ import time
 
 import torch
 
-from optimus import measure
-from optimus.bench import accuracy
-from optimus.bench.configs import CONFIGS
-from optimus.bench.external import get_bench_model
-from optimus.bench.harness import LR, Runner
+from optimus.tools import measure
+from optimus.tools.bench import accuracy
+from optimus.tools.bench.configs import CONFIGS
+from optimus.tools.bench.external import get_bench_model
+from optimus.tools.bench.harness import LR, Runner
 
 
 def main() -> None:

@@ -26,10 +26,10 @@ import torch
 from torch._inductor import codecache
 
 import optimus
-from optimus.bench import accuracy
-from optimus.bench.configs import CONFIGS
-from optimus.bench.external import get_bench_model
-from optimus.bench.harness import LR, Runner
+from optimus.tools.bench import accuracy
+from optimus.tools.bench.configs import CONFIGS
+from optimus.tools.bench.external import get_bench_model
+from optimus.tools.bench.harness import LR, Runner
 
 # the comment lines Inductor writes above a kernel (no re.S there: a comment is one line)
 KERNEL = re.compile(r"((?:#[^\n]*\n)+)(\w+) = async_compile\.triton\('(\w+)', '''(.*?)'''", re.S)

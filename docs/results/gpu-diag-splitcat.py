@@ -5,7 +5,7 @@ Inductor-IR actions while time is left. Prints a table last; JSON to $OUT/diag-s
 import copy, json, os, sys, time
 import torch
 import optimus
-from optimus.models import get_model
+from optimus.tools.models import get_model
 from optimus.planner import plan
 from optimus.inductor_ir import passes as ipasses
 

@@ -22,10 +22,10 @@ import torch
 from torch._inductor import async_compile
 from torch._inductor import config as inductor_config
 
-from optimus.bench import accuracy
-from optimus.bench.configs import CONFIGS
-from optimus.bench.external import get_bench_model
-from optimus.bench.harness import LR, Runner
+from optimus.tools.bench import accuracy
+from optimus.tools.bench.configs import CONFIGS
+from optimus.tools.bench.external import get_bench_model
+from optimus.tools.bench.harness import LR, Runner
 
 
 def main() -> None:

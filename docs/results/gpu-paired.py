@@ -11,7 +11,7 @@ the median over rounds of the per-round ratio, with its range.
 Many models: one process each, started together. They compile concurrently under a shared
 lock (``--lock FILE``) and time one at a time under the exclusive one, so no compile runs while
 anything is timed. Accuracy of each configuration's first step: the bench's rule
-(``optimus.bench.accuracy``, fp64 eager reference). fp32, TF32 off.
+(``optimus.tools.bench.accuracy``, fp64 eager reference). fp32, TF32 off.
 """
 from __future__ import annotations
 
@@ -25,11 +25,11 @@ import time
 
 import torch
 
-from optimus import measure
-from optimus.bench import accuracy
-from optimus.bench.configs import CONFIGS, BenchConfig, _optimus
-from optimus.bench.external import get_bench_model
-from optimus.bench.harness import LR, Runner, _count_kernels, _optimus_summary, _peak_memory
+from optimus.tools import measure
+from optimus.tools.bench import accuracy
+from optimus.tools.bench.configs import CONFIGS, BenchConfig, _optimus
+from optimus.tools.bench.external import get_bench_model
+from optimus.tools.bench.harness import LR, Runner, _count_kernels, _optimus_summary, _peak_memory
 
 
 @contextlib.contextmanager

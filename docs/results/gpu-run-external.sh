@@ -10,7 +10,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # .gpu_site leaves out numpy, filelock, fsspec, typing_extensions: PYTHONPATH comes before
 # site-packages, so those stay the machine's own
 [ -d .gpu_site ] && export PYTHONPATH=$PYTHONPATH:$PWD/.gpu_site
-python -m optimus.bench --suite external --mode train,infer --device cuda --size realistic \
+python -m optimus.tools.bench --suite external --mode train,infer --device cuda --size realistic \
     --configs ${CONFIGS:-eager,inductor,optimus} --workers 4 --compile-threads 4 \
     --budget-minutes ${BUDGET:-8.5} --quiet --json $OUT/h200-external.json
-python -m optimus.bench.report $OUT/h200-external.json > $OUT/h200-external.md 2>/dev/null || true
+python -m optimus.tools.bench.report $OUT/h200-external.json > $OUT/h200-external.md 2>/dev/null || true

@@ -13,7 +13,7 @@ Routes (``ROUTES``):
   ``torch._grouped_mm`` and K, N are multiples of 16 bytes; the fast kernel is bf16 on sm90+.
 
 The choice is a measured fact: ``routes.json`` in this folder (written by
-``python -m optimus.bench.kernels.overhead`` on the GPU and copied here) maps (device name, dtype,
+``python -m optimus.tools.bench.kernels.overhead`` on the GPU and copied here) maps (device name, dtype,
 uniformity, size class, G class) to the fastest route of an eager forward + backward step.
 Without the file, for shapes it does not list, or when the route does not apply (another
 dtype, no ``torch._grouped_mm``, ragged K / N), a call takes ``"triton"``.

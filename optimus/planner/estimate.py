@@ -139,7 +139,7 @@ def work(view: GraphView, nodes: Iterable[fx.Node]) -> Work:
 # Host time of one call of an ``optimus::`` kernel op from a compiled graph, launched one
 # by one, in kernel launches of that graph (the profile's ``launch_us``): a fixed part and
 # a part per member (argument lists, pointer tables). On the H200's host (torch 2.11) the
-# op's eager forward takes 130 + 13 * G µs (optimus.bench.kernels.overhead:
+# op's eager forward takes 130 + 13 * G µs (optimus.tools.bench.kernels.overhead:
 # grouped linear G=4 0.18 ms, G=16 0.33 ms, G=64 0.97 ms; its device time a few µs), and
 # Inductor's generated code spends about 30 µs per kernel in launch-bound graphs
 # (hetero_towers inference 2.0 ms for 62 kernels, towers32 2.3 ms for 66), which the

@@ -1,6 +1,8 @@
-"""Tools built on the library: the demo, the rewriter-scale benchmark, the GPU check of the
-Inductor-IR level and the differential fuzzer.
+"""Tools built on the library: the ``optimus`` command line (``cli``), the demo, the
+differential fuzzer (``fuzz``), the benchmark harness and the kernel benchmarks (``bench``),
+the model zoo (``models``), the measurement helpers, the rewriter-scale benchmark, the GPU
+check of the Inductor-IR level and the dynamic-shapes report.
 
-Nothing in the library imports them (``tests/test_architecture.py`` checks it; only the
-``optimus`` command line reaches in), and the compile-cache key does not hash them.
+Nothing outside this folder imports them (``tests/test_architecture.py`` checks it), and the
+compile-cache key hashes every module of the package but these (``compile.TOOLS_FOLDER``).
 """

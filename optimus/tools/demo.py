@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .. import measure
+from . import measure
 from ..core.table import format_table
 from ..compile import DEFAULT_PASSES, CustomGraphPass
 
@@ -87,7 +87,7 @@ def _build(model_name: str | None, cfg: DemoConfig, device: str) -> tuple[nn.Mod
         x = torch.randn(cfg.batch, cfg.features * cfg.width)
         desc = f"SplitCatDemo(features={cfg.features}, width={cfg.width}, rounds={cfg.rounds}), batch {cfg.batch}"
         return model.to(device).eval(), (x.to(device),), desc
-    from ..models import get_model
+    from .models import get_model
 
     zoo = get_model(model_name, size=cfg.size, device=device, seed=0)
     return zoo.model.eval(), tuple(zoo.inputs), f"zoo model {model_name!r} ({cfg.size}), batch {zoo.batch_size}"
@@ -116,7 +116,7 @@ def run_demo(
     """
     from torch._inductor import config as inductor_config
 
-    from ..bench.configs import upstream_fusion_options
+    from .bench.configs import upstream_fusion_options
 
     cfg = cfg or DemoConfig()
     unknown = [c for c in configs if c not in CONFIGS]

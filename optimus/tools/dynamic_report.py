@@ -31,7 +31,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..cli_json import add_json_arguments, json_targets
+from .cli_json import add_json_arguments, json_targets
 
 SETTINGS = ("static", "dynamic", "mark_dynamic")
 MODES = ("inference", "training")
@@ -107,7 +107,7 @@ def measure(name: str, mode: str, setting: str, passes: Any = None) -> dict[str,
     optimus.compile's default); see the module doc."""
     import optimus
     from optimus.compile import DEFAULT_PASSES
-    from optimus.models import get_model
+    from optimus.tools.models import get_model
 
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -176,7 +176,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from optimus.models import model_names
+    from optimus.tools.models import model_names
 
     p = argparse.ArgumentParser(prog="python -m optimus.tools.dynamic_report", description=__doc__.splitlines()[0])
     p.add_argument("--models", default=",".join(model_names()), help="comma-separated zoo models (default: all)")

@@ -97,7 +97,7 @@ def _towers(dev: torch.device):
 
 def _zoo(name: str) -> Callable[[torch.device], Any]:
     def build(dev: torch.device):
-        from optimus.models import get_model
+        from optimus.tools.models import get_model
 
         zoo = get_model(name, "small", dev, 0)
         return zoo.model, list(zoo.inputs), [p for p in zoo.model.parameters() if p.requires_grad]
@@ -157,7 +157,7 @@ def _max_rel(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
 
 def _median_ms(step: Callable[[], Any], iters: int, dev: torch.device) -> float:
     if dev.type != "cuda":
-        from optimus import measure
+        from optimus.tools import measure
 
         return measure.median_step_ms(step, dev, warmup=3, iters=iters)
     for _ in range(3):
@@ -192,7 +192,7 @@ def _rules_summary(report: Any) -> tuple[dict[str, int], list[str], list[str]]:
 
 def run_case(case: Case, mode: str, dev: torch.device, iters: int, out_dir: str) -> dict[str, Any]:
     import optimus
-    from optimus import measure
+    from optimus.tools import measure
     from torch._inductor.utils import run_and_get_code
 
     row: dict[str, Any] = {"case": case.name, "what": case.what, "mode": mode, "configs": {}}
@@ -241,7 +241,7 @@ def cache_check(dev: torch.device, out_dir: str) -> dict[str, Any]:
     import tempfile
 
     import optimus
-    from optimus import measure
+    from optimus.tools import measure
     from torch._dynamo.utils import counters
     from torch._inductor import config as inductor_config
 

@@ -17,7 +17,7 @@ import time
 import torch
 import torch.fx as fx
 
-from ..cli_json import add_json_arguments, emit
+from .cli_json import add_json_arguments, emit
 from ..core.table import format_table
 
 

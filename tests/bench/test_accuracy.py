@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from optimus.bench import accuracy
+from optimus.tools.bench import accuracy
 
 
 def _triple(n: int, ref_noise: float, res_noise: float, seed: int = 0) -> tuple[torch.Tensor, ...]:

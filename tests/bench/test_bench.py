@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from optimus.bench import accuracy, cli, configs, harness, parallel, report, results
+from optimus.tools.bench import accuracy, cli, configs, harness, parallel, report, results
 
 # Bench runs compile every configuration; keep them on the smallest graph and few steps.
 MODEL = "dlrm"
@@ -140,7 +140,7 @@ def rows_without_fallbacks(data: dict) -> bool:
 
 def test_plot(infer_json: dict, tmp_path) -> None:
     pytest.importorskip("matplotlib")
-    from optimus.bench import plot
+    from optimus.tools.bench import plot
 
     out = tmp_path / "bench.png"
     plot.plot({k: v for k, v in infer_json.items() if k != "_rc"}, str(out))
@@ -387,7 +387,7 @@ def test_optimus_mode_detection_reads_the_error(monkeypatch) -> None:
 
 
 def test_cpu_peak_tensor_memory_counts_what_a_step_holds_at_once():
-    from optimus import measure
+    from optimus.tools import measure
 
     before = torch.zeros(1 << 20)  # live before the step: not counted
 

@@ -3,7 +3,7 @@
 Each model's small config is compiled once, for a training step under ``optimus`` (the
 forward and the backward graph), and judged against eager fp32/fp64 by the zoo's rule.
 A model whose library is not installed is skipped with the reason and the extra to
-install (``optimus.bench.external.unavailable``).
+install (``optimus.tools.bench.external.unavailable``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 import pytest
 import torch
 
-from optimus.bench import accuracy, cli, external, harness, results
+from optimus.tools.bench import accuracy, cli, external, harness, results
 
 FAST = ["--device", "cpu", "--size", "small", "--iters", "2", "--warmup", "0", "--warm-cache"]
 # Rules that only tidy a graph; a rewrite that changes the computation is something else.

@@ -1,4 +1,4 @@
-"""The kernel benchmarks (optimus/bench/kernels): each runs as ``python -m``, and the table
+"""The kernel benchmarks (optimus/tools/bench/kernels): each runs as ``python -m``, and the table
 printers read their reports. The benchmarks themselves need a GPU (or minutes of the
 interpreter: ``--dry-run``), so only their commands and printers are tested here."""
 
@@ -8,14 +8,14 @@ import sys
 
 import pytest
 
-from optimus.bench import kernels as kernel_benches
+from optimus.tools.bench import kernels as kernel_benches
 
 
 @pytest.mark.parametrize("name", ["grouped", "overhead", "embedding_bag", "aot_check"])
 def test_every_kernel_benchmark_parses_its_command_line(name, capsys):
-    """The commands docs/kernels.md gives (``python -m optimus.bench.kernels.<name>``) import
+    """The commands docs/kernels.md gives (``python -m optimus.tools.bench.kernels.<name>``) import
     and answer ``--help``; the package docstring lists each."""
-    mod = importlib.import_module(f"optimus.bench.kernels.{name}")
+    mod = importlib.import_module(f"optimus.tools.bench.kernels.{name}")
     with pytest.raises(SystemExit) as exit_:
         mod.main(["--help"])
     assert exit_.value.code == 0
@@ -24,14 +24,14 @@ def test_every_kernel_benchmark_parses_its_command_line(name, capsys):
 
 
 def test_a_kernel_benchmark_runs_as_a_module():
-    out = subprocess.run([sys.executable, "-m", "optimus.bench.kernels.aot_check", "--help"],
+    out = subprocess.run([sys.executable, "-m", "optimus.tools.bench.kernels.aot_check", "--help"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "sm_90" in out.stdout
 
 
 def test_bench_table_printer():
-    from optimus.bench.kernels import grouped as bench
+    from optimus.tools.bench.kernels import grouped as bench
 
     t = {"ms": 1.0}
     report = dict(date="d", gpu="g", torch="t", triton="tr", ceilings=dict(copy_TBps=4.0, bf16_mm_TFLOPs=700.0,

@@ -1,9 +1,9 @@
-"""``optimus.measure.peak_step_memory_cuda`` on a CUDA GPU.  Marked ``gpu``."""
+"""``optimus.tools.measure.peak_step_memory_cuda`` on a CUDA GPU.  Marked ``gpu``."""
 
 import pytest
 import torch
 
-from optimus import measure
+from optimus.tools import measure
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 

@@ -1,10 +1,10 @@
-"""Where a step's time goes (``optimus.measure.time_split``, ``optimus bench --time-split``)."""
+"""Where a step's time goes (``optimus.tools.measure.time_split``, ``optimus bench --time-split``)."""
 
 from __future__ import annotations
 
 import torch
 
-from optimus import measure
+from optimus.tools import measure
 
 
 def _training_step():

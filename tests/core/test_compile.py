@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import optimus
-from optimus import measure
+from optimus.tools import measure
 from optimus.compile import LevelPass, Session
 from optimus.core.registry import REGISTRY, resolve
 

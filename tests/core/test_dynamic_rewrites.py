@@ -120,7 +120,7 @@ def dynamic_parity(name: str, level: str, training: bool) -> list:
     """Zoo model ``name`` (small) rewritten at ``level`` under ``dynamic=True``: outputs
     and parameter gradients equal the unoptimized model's at the zoo batch and at batch
     + 3, with no recompile at the second; returns the reports."""
-    from optimus.models import get_model
+    from optimus.tools.models import get_model
     from optimus.tools.dynamic_report import second_batch
 
     torch._dynamo.reset()
@@ -140,7 +140,7 @@ def matched(reports: list, rule: str) -> int:
 
 
 def static_matched(name: str, level: str, training: bool, rule: str) -> int:
-    from optimus.models import get_model
+    from optimus.tools.models import get_model
 
     zoo = get_model(name, "small")
     run = run_level(zoo.model.train(training), list(zoo.inputs), level, dynamic=False, grad=training)
@@ -235,7 +235,7 @@ def test_dhen_training_with_mark_dynamic_batch_is_not_specialized():
     of the backward placeholder (example-batch ints) guarded the batch to 16, after
     Optimus's levels. Now the rule declines in training under symbolic sizes; the compile
     keeps the batch dynamic, matches eager at two batches and does not recompile."""
-    from optimus.models import get_model
+    from optimus.tools.models import get_model
     from optimus.tools.dynamic_report import second_batch
 
     torch._dynamo.reset()

@@ -117,7 +117,7 @@ def test_the_guard_declines_members_that_came_to_depend_on_each_other():
 def test_dhen_layer_norms_feeding_one_cat_from_different_depths_merge():
     """The zoo's dhen: per layer, five LayerNorms of one width reach the layer's cat from
     different depths; depth buckets only ever paired them (and declined). Now one group per layer."""
-    from optimus.models import get_model
+    from optimus.tools.models import get_model
 
     zoo = get_model("dhen", "small")
     names = [n for n, _ in zoo.model.named_parameters()]

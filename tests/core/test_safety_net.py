@@ -11,8 +11,9 @@ import torch
 import torch.nn.functional as F
 
 import optimus
-from optimus import measure, safety_net
+from optimus import safety_net
 from optimus.core.snapshot import restore, snapshot
+from optimus.tools import measure
 
 
 class Tower(torch.nn.Module):

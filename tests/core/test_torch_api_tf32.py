@@ -13,7 +13,7 @@ def test_tf32_helpers_work_after_the_new_api_set_tf32():
         """
         import torch
         from optimus import torch_api
-        from optimus.bench.accuracy import tf32_mode
+        from optimus.tools.bench.accuracy import tf32_mode
         from optimus.planner.costmodel import dtype_class
         m = torch.backends.cuda.matmul
         assert torch_api.cuda_matmul_allows_tf32() is False and dtype_class(torch.float32) == "fp32"

@@ -2,13 +2,13 @@
 test_ddp.py and test_fsdp.py: every launch spends seconds starting its two ranks
 (importing torch, the first Inductor compile in each process) before a row runs.
 The rows run one after the other, each with its own model, Dynamo reset and 1-process
-reference (``optimus.bench.distributed.run_rows``)."""
+reference (``optimus.tools.bench.distributed.run_rows``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from optimus.bench.distributed import RowSpec
+from optimus.tools.bench.distributed import RowSpec
 
 from dist_support import QUICK, SMALL_BUCKETS, run
 

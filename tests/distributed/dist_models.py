@@ -1,7 +1,7 @@
 """Tiny models for the distributed tests (built in each rank from the seed, like the zoo).
 
 Each ``build`` returns a ``ZooModel`` so the training worker of
-``optimus.bench.distributed`` runs it by name (``"dist_models:tiny"``). Small enough that
+``optimus.tools.bench.distributed`` runs it by name (``"dist_models:tiny"``). Small enough that
 a 2-rank compile takes seconds, with the junk Optimus removes: a ``cat`` of a ``split``'s
 chunks in order (the identity) in every block, and identical Linears on the chunks.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from optimus.models._common import ZooModel, binary_targets, finish, input_generator, randn, seeded
+from optimus.tools.models._common import ZooModel, binary_targets, finish, input_generator, randn, seeded
 
 DIM, HEADS, BATCH, IN = 8, 4, 8, 6
 

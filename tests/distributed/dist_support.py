@@ -1,12 +1,12 @@
 """What the distributed tests share: running rows on 2 gloo ranks with a hard deadline,
-and reading what the merged rows say (``optimus.bench.distributed``)."""
+and reading what the merged rows say (``optimus.tools.bench.distributed``)."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
 
-from optimus.bench import distributed as bd
+from optimus.tools.bench import distributed as bd
 
 NPROC = 2
 # fp32 on the CPU: DDP/FSDP average the two halves' gradients, Inductor and Optimus

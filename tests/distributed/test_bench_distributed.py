@@ -1,4 +1,4 @@
-"""``python -m optimus.bench.distributed``: the plan and arguments (fast), and one real
+"""``python -m optimus.tools.bench.distributed``: the plan and arguments (fast), and one real
 run on 2 CPU processes (slow)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from optimus.bench import distributed as bd
+from optimus.tools.bench import distributed as bd
 
 HERE = os.path.dirname(__file__)
 
@@ -65,7 +65,7 @@ def test_merge_and_table() -> None:
 def test_two_cpu_processes_end_to_end(tmp_path) -> None:
     out = tmp_path / "dist.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([HERE, os.path.dirname(os.path.dirname(HERE)), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "optimus.bench.distributed", "--nproc", "2", "--device", "cpu",
+    cmd = [sys.executable, "-m", "optimus.tools.bench.distributed", "--nproc", "2", "--device", "cpu",
            "--models", "dist_models:tiny", "--configs", "eager,optimus", "--wrappers", "ddp,fsdp2",
            "--warm-cache", "--warmup", "1", "--iters", "3", "--timeout-minutes", "15", "--json-out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)

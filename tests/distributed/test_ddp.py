@@ -1,7 +1,7 @@
 """Optimus under DistributedDataParallel on 2 CPU processes (gloo).
 
 Every row trains for 3 steps on its half of the batch and is compared with a 1-process
-eager run on the whole batch (``optimus.bench.distributed``). The fast test uses a tiny
+eager run on the whole batch (``optimus.tools.bench.distributed``). The fast test uses a tiny
 split/cat model; the zoo models and the bad-input cases are ``slow``.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from optimus.bench.distributed import RowSpec
+from optimus.tools.bench.distributed import RowSpec
 
 from dist_support import (QUICK, SMALL_BUCKETS, assert_matches_one_process, ddp_pieces, graph_notes, rewrites_by_graph,
                           run)

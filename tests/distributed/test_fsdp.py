@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from optimus.bench.distributed import RowSpec
+from optimus.tools.bench.distributed import RowSpec
 
 from dist_support import QUICK, assert_matches_one_process, graph_notes, rewrites_by_graph, run
 

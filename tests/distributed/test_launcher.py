@@ -61,7 +61,7 @@ def devices_differ(ctx: odist.RankContext, payload: dict) -> dict:
 def wrapped_twice(ctx: odist.RankContext, payload: dict) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from optimus.bench.distributed import fully_shard_fn
+    from optimus.tools.bench.distributed import fully_shard_fn
 
     out: dict = {}
 

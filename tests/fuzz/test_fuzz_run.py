@@ -186,7 +186,7 @@ def test_wrong_rule_is_caught_and_minimized(wrong_rules, name, level, seed):
 
 # ------------------------------------------------------------------------ CLI
 def test_cli_fuzz_json(tmp_path, capsys):
-    from optimus.cli import main
+    from optimus.tools.cli import main
 
     out = tmp_path / "fuzz.json"
     rc = main(["fuzz", "--cases", "6", "--seed", "3", "--level", "torch_ir", "--passes", "none", "--json-out", str(out)])
@@ -198,7 +198,7 @@ def test_cli_fuzz_json(tmp_path, capsys):
 
 
 def test_cli_lists_fuzz(capsys):
-    from optimus.cli import main
+    from optimus.tools.cli import main
 
     with pytest.raises(SystemExit):
         main(["fuzz", "--help"])
@@ -228,7 +228,7 @@ def test_a_generator_error_is_counted_and_the_run_goes_on(monkeypatch):
 def test_a_run_may_start_anywhere_in_the_seeds_stream(monkeypatch, capsys):
     """``first`` (``--first``) runs the cases from that index on: a campaign splits one
     seed's stream over processes, so a crash ends one chunk and the cases stay the same."""
-    from optimus.cli import main
+    from optimus.tools.cli import main
     from optimus.tools.fuzz import campaign
 
     seen = []

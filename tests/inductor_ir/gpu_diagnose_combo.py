@@ -182,7 +182,7 @@ def run_case(case: str, size: str, device: str) -> dict[str, Any]:
             compiled = optimus.compile(fn, passes="all", fullgraph=True)
             step = lambda: compiled(*inputs)  # noqa: E731
         else:
-            from optimus.models import get_model
+            from optimus.tools.models import get_model
 
             zoo = get_model(case, size, device, 0)
             compiled = optimus.compile(zoo.model, passes="all", fullgraph=True)

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 import optimus
-from optimus import measure
+from optimus.tools import measure
 
 _CPP_BODY = re.compile(r"async_compile\.cpp(?:_pybinding)?\([^\n]*r'''(.*?)'''", re.S)
 

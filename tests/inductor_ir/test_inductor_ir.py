@@ -43,7 +43,7 @@ def test_rules_registered_like_the_others(capsys):
     assert resolve(["fuse_independent_kernels"]).rules == {"torch_ir": (), "aten_ir": (), "inductor_ir": ("fuse_independent_kernels",)}
     with pytest.raises(ValueError, match="has no option"):
         resolve({"inductor_ir": {"fuse_independent_kernels": {"bogus": 1}}})
-    from optimus.cli import main
+    from optimus.tools.cli import main
 
     assert main(["rules", "--level", "inductor_ir"]) == 0
     out = capsys.readouterr().out
@@ -242,7 +242,7 @@ def test_fx_graph_cache_hits_same_selection_and_misses_changed_ones(tmp_path, mo
     from torch._dynamo.utils import counters
     from torch._inductor import config as inductor_config
 
-    from optimus import measure
+    from optimus.tools import measure
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     measure._clear_cache_dir_memo()

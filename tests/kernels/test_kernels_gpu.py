@@ -384,7 +384,7 @@ def test_grouped_ops_under_cudagraph_trees_gpu():
     not tracked as outputs", H200 run 4) and replays match eager, training and inference."""
     import optimus
     from optimus.core.registry import REGISTRY
-    from optimus.models import get_model
+    from optimus.tools.models import get_model
 
     assert REGISTRY.get("grouped_linear").cudagraph_safe  # on under CUDA graphs by default
     for train in (False, True):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from optimus.models import MODELS, get_model
+from optimus.tools.models import MODELS, get_model
 
 NAMES = list(MODELS)
 
@@ -146,7 +146,7 @@ def test_optimus_compile_train_parity(name: str, passes: str) -> None:
 
 def _check_parity(name: str, mode: str, passes: str) -> None:
     import optimus
-    from optimus.bench import accuracy
+    from optimus.tools.bench import accuracy
 
     ref = accuracy.eager_reference(name, mode, "small", "cpu", seed=0)
     zoo = get_model(name, "small")

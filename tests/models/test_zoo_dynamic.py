@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from optimus.models import MODELS
+from optimus.tools.models import MODELS
 from optimus.tools.dynamic_report import measure
 
 DEFAULT = {("dcnv2", "inference", "dynamic"), ("splitcat", "training", "mark_dynamic")}

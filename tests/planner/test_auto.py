@@ -149,7 +149,7 @@ def test_the_registered_backend_and_the_command_line_default_to_auto():
     model, xs = towers(2, 8, 8, consume=True), [torch.randn(4, 8) for _ in range(2)]
     torch.testing.assert_close(torch.compile(model, backend="optimus")(*xs), model(*xs))
     assert optimus.last_report().passes == "auto"
-    from optimus.cli import build_parser
+    from optimus.tools.cli import build_parser
 
     parser = build_parser()
     assert parser.parse_args(["demo"]).passes == "auto"

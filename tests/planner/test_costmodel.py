@@ -100,7 +100,7 @@ def test_the_defaults_variable_skips_the_probe(tmp_path, monkeypatch):
 
 def test_an_optimus_kernel_op_pays_its_host_call_only_when_launched():
     """A call of an ``optimus::`` op costs launch_us * (4.3 + 0.43 G) of host time when kernels
-    are launched one by one (H200: 130 + 13 G µs per call, optimus.bench.kernels.overhead), and
+    are launched one by one (H200: 130 + 13 G µs per call, optimus.tools.bench.kernels.overhead), and
     nothing under CUDA graphs; other ops pay no such term."""
     import torch.fx as fx
 

@@ -376,7 +376,7 @@ def test_out_of_range_index_still_raises_naming_the_table():
 def test_zoo_models_group_every_table(name, tables):
     """The zoo's dlrm (EmbeddingBags in a ModuleList, cat + split after) and wukong (the
     shared DenseSparseFeatures front end of wukong, dhen, dcnv2): one grouped op each."""
-    from optimus.models import get_model
+    from optimus.tools.models import get_model
 
     zoo = get_model(name, "small")
     f, ps = as_function(zoo.model.double())

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any, Sequence
 
-from ...cli_json import add_json_arguments, json_targets
+from ..cli_json import add_json_arguments, json_targets
 from .campaign import DYNAMIC_MODES, GRAD_MODES, FuzzResult, fuzz
 from .generate import generate
 from .oracle import ALIASING_MODES, ALL_LEVELS, resolve_passes

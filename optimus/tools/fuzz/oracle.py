@@ -258,7 +258,7 @@ def _tensor_diff(a: torch.Tensor, b: torch.Tensor, tol: tuple[float, float] = (R
     if a.numel() == 0 or torch.allclose(a, b, rtol=tol[0], atol=tol[1], equal_nan=True):
         return None
     if isinstance(fp64, torch.Tensor) and tuple(fp64.shape) == tuple(a.shape) and a.is_floating_point():
-        from optimus.bench.accuracy import judge_tensor
+        from optimus.tools.bench.accuracy import judge_tensor
 
         if judge_tensor("value", a, b, fp64, tol=tol[0]).ok:
             return None

@@ -1,8 +1,8 @@
 """``optimus bench``: the zoo models (and, with ``--suite external``, TorchRec and Hugging
-Face models: ``optimus.bench.external``) through eager, Inductor, upstream and Optimus.
+Face models: ``optimus.tools.bench.external``) through eager, Inductor, upstream and Optimus.
 
-See ``optimus.bench.harness`` for the measurement protocol, ``optimus.bench.cli`` for
-the command and ``optimus.bench.report`` for the markdown generator.
+See ``optimus.tools.bench.harness`` for the measurement protocol, ``optimus.tools.bench.cli`` for
+the command and ``optimus.tools.bench.report`` for the markdown generator.
 """
 
 from .configs import CONFIG_NAMES, CONFIGS, upstream_fusion_options

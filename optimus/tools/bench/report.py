@@ -1,4 +1,4 @@
-"""Render bench results as markdown: ``python -m optimus.bench.report results.json [more.json ...]``.
+"""Render bench results as markdown: ``python -m optimus.tools.bench.report results.json [more.json ...]``.
 
 Prints one table per mode (training, inference) with every model and configuration,
 preceded by the commands, dates, versions and devices that produced the rows. Several
@@ -147,7 +147,7 @@ def _run_notes(data: dict[str, Any]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m optimus.bench.report", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m optimus.tools.bench.report", description=__doc__.splitlines()[0])
     parser.add_argument("json", nargs="+", help="results files written by optimus bench --json")
     parser.add_argument("--title", default=None, help="a '## title' line to print first")
     parser.add_argument("--merge-into", metavar="FILE", default=None, help="also write the merged results here")

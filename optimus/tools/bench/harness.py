@@ -1,7 +1,7 @@
 """Run one zoo model through every configuration and measure each the same way.
 
 For each (model, mode, configuration), in this process (or, with ``--workers N``, in
-one of N worker processes: ``optimus.bench.parallel``):
+one of N worker processes: ``optimus.tools.bench.parallel``):
 
 1. ``torch._dynamo.reset()`` and a fresh, empty Inductor cache directory with the FX
    graph and AOT autograd caches off, so compile time is cold and nothing is shared;
@@ -9,7 +9,7 @@ one of N worker processes: ``optimus.bench.parallel``):
    configuration) and wrapped by the configuration;
 3. the first step, timed, with TF32 off: it compiles (cold compile time = first step
    minus one steady step) and gives the outputs and parameter gradients judged against
-   eager fp32 and fp64 by the dynamo benchmarks' rule (``optimus.bench.accuracy``);
+   eager fp32 and fp64 by the dynamo benchmarks' rule (``optimus.tools.bench.accuracy``);
 4. with ``tf32`` (CUDA), TF32 is turned on and one untimed step recompiles (Dynamo
    guards on the TF32 flag);
 5. the timed section (with workers, under an exclusive inter-process lock): kernels
@@ -194,7 +194,7 @@ class Runner:
 
 
 def compare(ref: Reference, out: torch.Tensor, grads: list[torch.Tensor | None] | None, tol: float) -> dict[str, Any]:
-    """The accuracy record of a step (``optimus.bench.accuracy.judge``)."""
+    """The accuracy record of a step (``optimus.tools.bench.accuracy.judge``)."""
     return accuracy.judge(ref, out, grads, tol)
 
 

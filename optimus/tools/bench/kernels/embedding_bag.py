@@ -1,8 +1,8 @@
 """GPU benchmark + correctness check of the grouped embedding bag (one command, < 3 minutes).
 
-    python -m optimus.bench.kernels.embedding_bag --out $OUT --budget-s 165
-    python -m optimus.bench.kernels.embedding_bag --dry-run --out DIR   # CPU, Triton interpreter, tiny shapes
-    python -m optimus.bench.kernels.embedding_bag --aot                 # compile for sm_90 without a GPU
+    python -m optimus.tools.bench.kernels.embedding_bag --out $OUT --budget-s 165
+    python -m optimus.tools.bench.kernels.embedding_bag --dry-run --out DIR   # CPU, Triton interpreter, tiny shapes
+    python -m optimus.tools.bench.kernels.embedding_bag --aot                 # compile for sm_90 without a GPU
 
 Order (the budget stops new measurements; the table of what was measured is printed anyway):
 
@@ -443,7 +443,7 @@ def run_workers(n, log, timeout_s):
     if n <= 0 or DRY:
         return []
     env = dict(os.environ)
-    cmd = [sys.executable, "-m", __spec__.name if __spec__ else "optimus.bench.kernels.embedding_bag"]
+    cmd = [sys.executable, "-m", __spec__.name if __spec__ else "optimus.tools.bench.kernels.embedding_bag"]
     procs = [subprocess.Popen(cmd + ["--warm-task", str(i), "--workers", str(n)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(n)]
     res = []
@@ -577,7 +577,7 @@ def main(argv=None) -> int:
         warm_task(args.warm_task, args.workers)
         return 0
     if not DRY and not torch.cuda.is_available():
-        print("optimus.bench.kernels.embedding_bag needs a CUDA device (or --dry-run)")
+        print("optimus.tools.bench.kernels.embedding_bag needs a CUDA device (or --dry-run)")
         return 2
     CLOCK = Clock(args.budget_s)
     os.makedirs(args.out, exist_ok=True)

@@ -11,6 +11,6 @@ embedding_bag.py  GPU correctness check + benchmark of grouped_embedding_bag (``
 aot_check.py      compile the grouped-linear and layer-norm kernels for sm_90 without a GPU
                   (registers, spills, wgmma)
 
-Run as ``python -m optimus.bench.kernels.<name> --help``. They read the kernels; nothing in
+Run as ``python -m optimus.tools.bench.kernels.<name> --help``. They read the kernels; nothing in
 ``optimus.kernels`` or the compiler imports them (they are not part of the compile-cache key).
 """

@@ -241,7 +241,7 @@ def tf32_mode(enabled: bool) -> Iterator[None]:
     Dynamo guards on the matmul flag: a function compiled under one setting recompiles
     when called under the other.
     """
-    from .. import torch_api
+    from ... import torch_api
 
     with torch_api.tf32(enabled, cudnn=True):
         yield

@@ -1,6 +1,6 @@
 """Training step time of the zoo under DDP (and FSDP2) with eager, Inductor and Optimus.
 
-    python -m optimus.bench.distributed --nproc N [--device cuda|cpu] [--models a,b,...]
+    python -m optimus.tools.bench.distributed --nproc N [--device cuda|cpu] [--models a,b,...]
         [--configs eager,inductor,optimus] [--wrappers ddp,fsdp2] [--size small|realistic]
         [--steps 3] [--warmup 5] [--iters 30] [--json FILE] [--timeout-minutes M]
 
@@ -299,7 +299,7 @@ def run_rows(ctx: Any, payload: dict[str, Any]) -> dict[str, Any]:
     """Every rank: run every row in ``payload["rows"]``; return what each measured."""
     import torch.distributed as dist
 
-    from .. import distributed as odist
+    from ... import distributed as odist
 
     specs = [RowSpec(**r) for r in payload["rows"]]
     device = torch.device(ctx.device)
@@ -458,7 +458,7 @@ def plan(models: Sequence[str], wrappers: Sequence[str], configs: Sequence[str],
 
 def run(rows: list[RowSpec], nproc: int, device: str, timeout_s: float, workdir: str | None = None) -> list[dict[str, Any]]:
     """Launch ``nproc`` ranks that run ``rows``; return one merged result per row."""
-    from .. import distributed as odist
+    from ... import distributed as odist
 
     workdir = workdir or tempfile.mkdtemp(prefix="optimus-dist-")
     payload = {"rows": [asdict(r) for r in rows]}
@@ -504,7 +504,7 @@ def agreement_ok(row: dict[str, Any]) -> bool:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    from ..core.table import format_bytes, format_table
+    from ...core.table import format_bytes, format_table
 
     head = ["model", "wrapper", "config", "status", "step ms", "examples/s", "kernels", "compile s",
             "peak memory (max rank)", "loss rel err", "ranks agree", "rewrites", "graphs"]
@@ -531,7 +531,7 @@ def _fmt(v: Any, spec: str) -> str:
 
 # ------------------------------------------------------------------ command line
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m optimus.bench.distributed", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m optimus.tools.bench.distributed", description=__doc__.split("\n\n")[0])
     p.add_argument("--nproc", type=int, required=True, help="processes (one GPU each on cuda)")
     p.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda if available, else cpu")
     p.add_argument("--models", default=",".join(DEFAULT_MODELS), help=f"zoo models, comma list (default {','.join(DEFAULT_MODELS)}; all: {','.join(MODELS)})")
@@ -579,7 +579,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for r in rows:
             print(f"{r.key}  size={r.size} steps={r.steps} warmup={r.warmup} iters={r.iters} on {args.nproc} x {device}")
         return 0
-    from .. import distributed as odist
+    from ... import distributed as odist
 
     started = time.time()
     try:
@@ -592,7 +592,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if as_json or json_path:
         from .harness import environment
 
-        doc = {"command": "python -m optimus.bench.distributed " + " ".join(sys.argv[1:] if argv is None else argv),
+        doc = {"command": "python -m optimus.tools.bench.distributed " + " ".join(sys.argv[1:] if argv is None else argv),
                "nproc": args.nproc, "env": environment(device), "wall_s": time.time() - started, "rows": results}
         if as_json:
             print(json.dumps(doc, indent=1, default=str))

@@ -1,8 +1,8 @@
 """Host overhead and speed of the grouped ops, and the measured routing table.
 
-    timeout -k 5 190 python -m optimus.bench.kernels.overhead --out $OUT --budget-s 170   # GPU
-    python -m optimus.bench.kernels.overhead --host [--out DIR]          # CPU, host time only
-    python -m optimus.bench.kernels.overhead --host --baseline OLD_CHECKOUT   # CPU, A/B against older kernels/
+    timeout -k 5 190 python -m optimus.tools.bench.kernels.overhead --out $OUT --budget-s 170   # GPU
+    python -m optimus.tools.bench.kernels.overhead --host [--out DIR]          # CPU, host time only
+    python -m optimus.tools.bench.kernels.overhead --host --baseline OLD_CHECKOUT   # CPU, A/B against older kernels/
 
 GPU mode (one process, well under 3 minutes on an H200):
   * grouped_linear G = 16 small layers (mixed-small: M 512/1024, K, N 64..256, bf16): eager
@@ -457,7 +457,7 @@ def gpu_mode(out_dir, budget_s, autotune=False):
             json.dump(report, f, indent=1, default=str)
         with open(os.path.join(out_dir, "routes.json"), "w") as f:
             json.dump(dict(date=report["date"], gpu=report["gpu"], torch=report["torch"], triton=report["triton"],
-                           measured_by="python -m optimus.bench.kernels.overhead", routes=report["routes"]), f, indent=1)
+                           measured_by="python -m optimus.tools.bench.kernels.overhead", routes=report["routes"]), f, indent=1)
 
     try:
         for item in plan:

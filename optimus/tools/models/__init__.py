@@ -4,7 +4,7 @@ Every model has a ``small`` config (CPU tests, seconds) and a ``realistic`` conf
 GPU benchmark), builds deterministically from a seed, and compiles with
 ``torch.compile(fullgraph=True)``::
 
-    from optimus.models import get_model
+    from optimus.tools.models import get_model
     zoo = get_model("dlrm", size="small", device="cpu", seed=0)
     out = zoo.model(*zoo.inputs)
     zoo.loss(out).backward()

@@ -1,7 +1,7 @@
 """Compile the grouped-linear and layer-norm Triton kernels for an H100/H200 (sm_90) without a GPU.
 
-    python -m optimus.bench.kernels.aot_check            # bf16, the main configurations
-    PYTHONPATH=/path/to/other/triton python -m optimus.bench.kernels.aot_check --dtype fp32
+    python -m optimus.tools.bench.kernels.aot_check            # bf16, the main configurations
+    PYTHONPATH=/path/to/other/triton python -m optimus.tools.bench.kernels.aot_check --dtype fp32
 
 For every kernel and a representative set of constexprs it runs Triton's compiler for target
 ``cuda:90`` and then ptxas (shipped inside the triton wheel) and prints: whether the dots became

@@ -7,7 +7,7 @@ import os
 import tempfile
 from typing import Any, Iterable
 
-from ..core import table
+from ...core import table
 
 SCHEMA = 1
 

@@ -319,7 +319,7 @@ def all_model_names() -> list[str]:
 
 @dataclass
 class UserBenchModel(ZooModel):
-    """A model of the user's (``optimus.user_model``). It must return one tensor; training
+    """A model of the user's (``optimus.tools.user_model``). It must return one tensor; training
     minimizes the mean of its square (a stand-in loss whose gradient reaches every
     parameter the output depends on). ``size`` does not apply: the factory decides."""
 

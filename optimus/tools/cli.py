@@ -8,7 +8,7 @@ import sys
 from typing import Any, Sequence
 
 from .cli_json import add_json_arguments, emit, json_targets
-from .core.table import format_table
+from ..core.table import format_table
 from . import user_model
 from .user_model import INPUTS_HELP, SPEC_HELP
 
@@ -24,7 +24,7 @@ def _passes_arg(value: str) -> Any:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .tools.demo import DemoConfig, format_demo, run_demo
+    from .demo import DemoConfig, format_demo, run_demo
 
     if args.device == "cuda":
         import torch
@@ -54,7 +54,7 @@ def _explain_target(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], str
         return model, inputs, args.model
     if args.inputs is not None:
         raise ValueError("--inputs goes with a model of yours: optimus explain MODULE:FACTORY --inputs ...")
-    from .tools.demo import DemoConfig, SplitCatDemo
+    from .demo import DemoConfig, SplitCatDemo
 
     cfg = DemoConfig.small() if args.small else DemoConfig()
     torch.manual_seed(0)
@@ -73,7 +73,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         report = optimus.explain(model, *inputs, passes=args.passes, print_report=not as_json)
         emit(report.to_dict(), args)
         return 0
-    from .graph_pictures import recording
+    from ..graph_pictures import recording
 
     with recording(args.graph) as pictures:
         report = optimus.explain(model, *inputs, passes=args.passes, print_report=False)
@@ -121,7 +121,7 @@ def _summary(rule: Any) -> str:
 
 
 def _print_upstream_names(args: argparse.Namespace) -> int:
-    from .core.upstream_names import UPSTREAM_PASSES
+    from ..core.upstream_names import UPSTREAM_PASSES
 
     data = [{"name": p.name, "option": p.option, "level": p.level, "rules": list(p.rules),
              "implemented": p.implemented, "note": p.instead or p.note} for p in UPSTREAM_PASSES.values()]
@@ -193,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="upstream PyTorch's pass names and the Optimus rules each one selects")
     rules.set_defaults(func=_cmd_rules)
 
-    for module in ("optimus.bench.cli", "optimus.tools.fuzz"):
+    for module in ("optimus.tools.bench.cli", "optimus.tools.fuzz"):
         try:
             mod = __import__(module, fromlist=["register"])
         except ImportError:

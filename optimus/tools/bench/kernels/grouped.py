@@ -1,8 +1,8 @@
 """GPU correctness check + benchmark of grouped_linear and batched_layer_norm (one command, hard
 time budget).
 
-    python -m optimus.bench.kernels.grouped --out OUT_DIR --budget-s 170
-    python -m optimus.bench.kernels.grouped --dry-run --out DIR     # CPU, Triton interpreter, tiny shapes
+    python -m optimus.tools.bench.kernels.grouped --out OUT_DIR --budget-s 170
+    python -m optimus.tools.bench.kernels.grouped --dry-run --out DIR     # CPU, Triton interpreter, tiny shapes
 
 Phase A (parallel worker processes, also fills Triton's on-disk compile cache; own time limit):
     correctness of grouped_linear / batched_layer_norm at realistic sizes against float64
@@ -968,7 +968,7 @@ def main(argv=None):
         logf.flush()
 
     if not torch.cuda.is_available() and not DRY:
-        print("optimus.bench.kernels.grouped needs a CUDA device (or --dry-run)")
+        print("optimus.tools.bench.kernels.grouped needs a CUDA device (or --dry-run)")
         return 2
     import signal
 

@@ -1,6 +1,6 @@
 """Where a step's device time goes, preset by preset.
 
-    python -m optimus.bench.presets --model towers32 --size small --mode infer [--cudagraphs]
+    python -m optimus.tools.bench.presets --model towers32 --size small --mode infer [--cudagraphs]
            [--presets inductor,vertical,horizontal,fx,all] [--json] [--json-out FILE]
 
 For one zoo model, compiles the step with plain Inductor and with Optimus under each
@@ -21,7 +21,7 @@ import torch
 
 from .. import measure
 from ..cli_json import add_json_arguments, emit
-from ..core.table import format_table
+from ...core.table import format_table
 from .external import get_bench_model as get_model
 
 PRESETS: dict[str, Any] = {
@@ -63,7 +63,7 @@ def run_preset(model_name: str, size: str, mode: str, preset: str, cudagraphs: b
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m optimus.bench.presets", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m optimus.tools.bench.presets", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="towers32")
     p.add_argument("--size", default="small")
     p.add_argument("--mode", default="infer", choices=("infer", "train"))

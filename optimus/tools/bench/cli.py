@@ -7,8 +7,8 @@
 
 ``--model`` and ``--mode`` also take comma lists; ``--model all`` means every model of
 ``--suite`` (the zoo by default; ``external``: TorchRec and Hugging Face models,
-``optimus.bench.external``). ``--model MODULE:FACTORY`` benchmarks a model of yours
-(``optimus.user_model``: the factory returns the module, or the module and its example
+``optimus.tools.bench.external``). ``--model MODULE:FACTORY`` benchmarks a model of yours
+(``optimus.tools.user_model``: the factory returns the module, or the module and its example
 inputs; ``--inputs`` gives them otherwise); it must return one tensor, and training
 minimizes the mean of its square. An external model whose library is not installed gets a
 ``skipped`` line in the table (never an error); when every model asked for is skipped
@@ -16,7 +16,7 @@ the command fails with a message naming the extras to install. ``--json`` prints
 run's rows as JSON on stdout (the table then goes to stderr); ``--json-out FILE`` merges
 into an existing file, keyed by model/mode/config, and is rewritten after every row, so
 runs made in pieces (or cut short) accumulate into one file. ``--workers N`` compiles N rows at a
-time in worker processes and times one at a time (``optimus.bench.parallel``).
+time in worker processes and times one at a time (``optimus.tools.bench.parallel``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 from .. import user_model
 from ..cli_json import add_json_arguments, dumps, json_targets
-from ..core.table import format_table
+from ...core.table import format_table
 from ..models import MODELS, SIZES
 from . import external
 from .configs import CONFIG_NAMES
@@ -101,7 +101,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``bench`` to an argparse subparsers object (used by ``optimus.cli``)."""
+    """Add ``bench`` to an argparse subparsers object (used by ``optimus.tools.cli``)."""
     p = subparsers.add_parser("bench", help="benchmark the model zoo: eager, inductor, upstream and optimus")
     add_arguments(p)
     p.set_defaults(func=run_command)
@@ -278,7 +278,7 @@ def _argv_for_record(args: argparse.Namespace, device: str, size: str) -> list[s
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m optimus.bench",
+        prog="python -m optimus.tools.bench",
         description="Benchmark the model zoo: eager, inductor, upstream and optimus configurations.",
     )
     add_arguments(parser)
