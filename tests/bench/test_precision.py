@@ -154,3 +154,50 @@ def test_workers_keep_one_reference_per_precision() -> None:
     assert [results.row_key(r) for r in rows] == ["dlrm/infer/eager", "dlrm/infer/eager/amp-bf16"]
     assert [r["output_dtype"] for r in rows] == ["float32", "bfloat16"]
     assert all(r["status"] == "ok" and r["parity"]["ok"] and r["reference"] == "computed" for r in rows)
+
+
+def _results_script(name: str):
+    """A script of docs/results, imported from its path (it is not part of the package)."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "docs" / "results" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_headline_table_pairs_precisions_and_states_the_targets() -> None:
+    """docs/results/precision_table.py on gpu-paired.py rows: a line per model and precision, the
+    rewrites' share of fp32's, Optimus against Inductor in its own precision, and the targets."""
+    table = _results_script("precision_table")
+
+    def row(config, precision, speed=None, rewrites=None, ok=True, ms=None, vs_fp32=None):
+        r = {"config": config, "mode": "train", "precision": precision, "kernels": 10, "parity": {"ok": ok}}
+        if speed is not None:
+            r["speedup_vs_inductor"] = {"median": speed, "min": speed - 0.01, "max": speed + 0.01}
+        if rewrites is not None:
+            r["optimus_rewrites"] = rewrites
+        if ms is not None:
+            r["step_ms"] = ms
+        if vs_fp32 is not None:
+            r["speedup_vs_fp32"] = {"median": vs_fp32, "min": vs_fp32, "max": vs_fp32}
+        return r
+
+    rows = {
+        "dlrm/train/inductor": row("inductor", "fp32", ms=10.0),
+        "dlrm/train/optimus-auto": row("optimus-auto", "fp32", speed=1.5, rewrites=20),
+        "dlrm/train/inductor/amp-bf16": row("inductor", "amp-bf16", ms=5.0, vs_fp32=2.0),
+        "dlrm/train/optimus-auto/amp-bf16": row("optimus-auto", "amp-bf16", speed=0.9, rewrites=17, ok=False),
+        "hstu/train/inductor": row("inductor", "fp32", ms=20.0),
+        "hstu/train/optimus-auto": {"config": "optimus-auto", "mode": "train", "error": "RuntimeError: boom"},
+        "hstu/train/inductor/amp-bf16": row("inductor", "amp-bf16", ms=10.0),  # timed in another process
+    }
+    text = table.render(rows, {"device": "H100", "torch": "2.11", "rounds": 3, "iters": 15})
+    assert "| dlrm | fp32 | k10 10.00 ms | 1.50x [1.49-1.51] k10 r20 |" in text
+    assert "| dlrm | amp-bf16 | k10 5.00 ms (2.00x fp32) | 0.90x [0.89-0.91] k10 r17 (85%) **FAIL** |" in text
+    assert "| hstu | fp32 | k10 20.00 ms | error: RuntimeError: boom |" in text
+    assert "| hstu | amp-bf16 | k10 10.00 ms (~2.00x fp32) | - |" in text
+    assert "under 0.98x: dlrm" in text and "rewrites under 90% of fp32: dlrm 85%" in text
+    assert "accuracy: 2/3 rows pass (FAIL: dlrm optimus-auto)" in text and "errors: hstu optimus-auto" in text
