@@ -66,6 +66,8 @@ def main() -> None:
     p.add_argument("--time-split", action="store_true", help="also profile where each configuration's step time goes")
     p.add_argument("--code", help="directory: each configuration's generated code of the first step")
     p.add_argument("--precisions", default="fp32", help="comma list of optimus.bench.precision names")
+    p.add_argument("--ref-lock", help="a lock file the processes of one model share: one computes its eager and "
+                                      "fp64 references at a time (the fp64 step's memory is twice fp32's)")
     a = p.parse_args()
     precision_list = precisions.parse(a.precisions)
     for spec in a.passes:
@@ -80,7 +82,10 @@ def main() -> None:
         runners, rows = {}, {}  # keyed (config, precision)
         with locked(a.lock, exclusive=False), accuracy.tf32_mode(False):  # build, compile, first step
             for prec in precision_list:
-                ref = accuracy.eager_reference(a.model, mode, a.size, a.device, 0, prec)
+                with locked(a.ref_lock, exclusive=True):
+                    ref = accuracy.eager_reference(a.model, mode, a.size, a.device, 0, prec)
+                    if dev.type == "cuda":
+                        torch.cuda.empty_cache()  # the fp64 step's blocks, back for the other processes
                 for cfg in configs:
                     run_one(a, dev, mode, cfg, prec, ref, rows, runners)
                 del ref

@@ -21,6 +21,10 @@
 # of the plumbing). Writes $OUT/$TAG-$MODE-cg$CG.json (merged) and $TAG-$MODE-cg$CG-pieces.tgz
 # (per-process JSON and logs), and prints the markdown table last
 # (docs/results/precision_table.py, which also merges the pieces' JSON files into one table).
+# The base pieces (CONFIGS=eager,inductor,upstream) in training: CONFIGS_splitcat=eager,inductor
+# (upstream compiles splitcat's training graph for minutes and holds up every timing). GPU memory:
+# a model's processes take turns for their fp64 references (twice fp32's memory: about 19 GB for
+# dhen's training step); PAIR=1 halves the processes where memory is short.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TORCHINDUCTOR_COMPILE_THREADS=1
 DEVICE=${DEVICE:-cuda} SIZE=${SIZE:-realistic}
@@ -43,7 +47,7 @@ for m in $MODELS; do
     piece=$NAME-$m-${p//,/+}
     timeout ${LIMIT:-420} python docs/results/gpu-paired.py --model $m --modes $MODE --configs $configs \
         --precisions $p --rounds ${ROUNDS:-3} --iters ${ITERS:-15} --device $DEVICE --size $SIZE \
-        --lock $C/lock --json $OUT/$piece.json > $OUT/$piece.log 2>&1 &
+        --lock $C/lock --ref-lock $C/ref-$m.lock --json $OUT/$piece.json > $OUT/$piece.log 2>&1 &
   done
 done
 wait
