@@ -257,7 +257,15 @@ def _layer_norm_key(call: Call, view: GraphView) -> Hashable:
     a = call.args
     if view.rank(a["input"]) is None or emittable_shape(view.shape(a["input"])) is None:
         return None
-    return ("layer_norm", _sig(view, a["input"]), tuple(a["normalized_shape"]), a["eps"], _sig(view, a["weight"]), _sig(view, a["bias"]))
+    x = _sig(view, a["input"])
+    weights = [_param_dtype_of(view, p) for p in (a["weight"], a["bias"]) if p is not None]
+    compute = compute_dtype(view.dtype(a["input"]), *weights)
+    if x is None or compute is None:
+        return None
+    # inputs of different dtypes group by the dtype the batch computes in (under autocast a
+    # LayerNorm of a bf16 linear's output beside one of an fp32 residual: both in fp32)
+    x = x[:2] + (str(compute),) + x[3:]
+    return ("layer_norm", x, tuple(a["normalized_shape"]), a["eps"], _sig(view, a["weight"]), _sig(view, a["bias"]))
 
 
 def _layer_norm_operands(g: Group) -> list[list[Any]]:
@@ -279,7 +287,9 @@ def batch_layer_norm(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
 
     In reduced precision (bf16/fp16 inputs, also with fp32 weights as under autocast) the
     LayerNorm and the affine run in fp32 and the result is cast once to the members'
-    dtype, as eager's layer_norm computes it (fp32 statistics and affine, one rounding):
+    dtype, as eager's layer_norm computes it (fp32 statistics and affine, one rounding);
+    members whose inputs differ in dtype (a bf16 linear's output and an fp32 residual) group
+    by that compute dtype, each result cast to its own member's dtype:
 
     [layer_norm(x_i: bf16, s, w_i: fp32, b_i: fp32)]
         -> unbind(cast(layer_norm(cast(stack(x_i), fp32), s) * stack(w_i) + stack(b_i), bf16))
@@ -295,25 +305,31 @@ def batch_layer_norm(g: Group, b: Any) -> dict[fx.Node, fx.Node]:
             "with the example sizes (a guard that specializes the batch)"
         )
     _profitable(g, _layer_norm_operands(g))
-    result = g.view.dtype(g.members[0].node)
-    compute = compute_dtype(g.view.dtype(xs[0]), *(_param_dtype(g, p) for p in (ws[0], bs[0]) if p is not None))
-    if result is None or compute is None:
+    results = [g.view.dtype(c.node) for c in g.members]
+    inputs = [g.view.dtype(x) for x in xs]
+    compute = compute_dtype(inputs[0], *(_param_dtype_of(g.view, p) for p in (ws[0], bs[0]) if p is not None))
+    if None in results or compute is None:
         g.decline("the dtypes of the inputs, weights or results are unknown")
     rank = g.view.rank(xs[0])
-    x = b.cast(b.stack(xs, 0), compute)
+    if len(set(inputs)) == 1:
+        x = b.cast(b.stack(xs, 0), compute)
+    else:  # inputs of several dtypes: each cast to the compute dtype first (exact: it holds them all)
+        x = b.stack([b.cast(v, compute) for v in xs], 0)
     y = b.layer_norm(x, list(a0["normalized_shape"]), None, None, a0["eps"])
     norm_rank = len(a0["normalized_shape"])
     if ws[0] is not None:
         y = b.mul(y, b.cast(_affine_stack(g, b, ws, rank, norm_rank), compute))
     if bs[0] is not None:
         y = b.add(y, b.cast(_affine_stack(g, b, bs, rank, norm_rank), compute))
-    return _unbind_results(g, b, b.cast(y, result))
+    if len(set(results)) == 1:
+        return _unbind_results(g, b, b.cast(y, results[0]))
+    return {c.node: b.cast(o, r) for c, o, r in zip(g.members, b.unbind(y, 0), results)}
 
 
-def _param_dtype(g: Group, value: Any) -> Any:
+def _param_dtype_of(view: GraphView, value: Any) -> Any:
     if isinstance(value, ParamRef):
-        return g.view.gm.get_parameter(value.target).dtype
-    return g.view.dtype(value)
+        return view.gm.get_parameter(value.target).dtype
+    return view.dtype(value)
 
 
 def _saves_symbolic_statistics(g: Group) -> bool:

@@ -324,11 +324,15 @@ def test_recorded_command_names_what_changes_a_row() -> None:
                                           "--tf32", "--compile-threads", "3", "--budget-minutes", "8"])
     argv = cli._argv_for_record(args, "cuda", "realistic")
     line = " ".join(argv)
-    assert "--workers 4" in line and "--repeats 3" in line and "--dynamic" in argv and "--tf32" in argv
+    assert "--workers 4" in line and "--repeats 3" in line and "--dynamic" in argv
+    assert "--precision tf32" in line  # --tf32 is recorded by its name now
     assert "--compile-threads 3" in line and "--budget-minutes" not in argv
     # TF32 is off unless asked for; --no-tf32 (the old flag) still parses
     assert cli.build_parser().parse_args([]).tf32 is False
     assert cli.build_parser().parse_args(["--no-tf32"]).tf32 is False
+    assert cli._precisions(cli.build_parser().parse_args([])) == ["fp32"]
+    argv = cli._argv_for_record(cli.build_parser().parse_args(["--precision", "fp32,amp-bf16"]), "cpu", "small")
+    assert argv[argv.index("--precision") + 1] == "fp32,amp-bf16"
 
 
 def _worker_that_dies_on_dlrm(setup, opts, tasks, results) -> None:

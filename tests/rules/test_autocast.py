@@ -127,6 +127,24 @@ def test_grouped_mm_inference_under_autocast():
     assert run.matched("grouped_mm") == 1
 
 
+def norms_of_mixed_dtypes(x, *p):
+    """DHEN's ensemble under autocast: LayerNorms of bf16 linear outputs beside one of an fp32
+    residual (x * bf16 promotes to fp32)."""
+    ws, lws, lbs = p[:4], p[4:9], p[9:14]
+    outs = [F.linear(x, w) for w in ws[:3]] + [x * F.linear(x, ws[3]) + x]
+    outs += [x.relu()]
+    return [F.layer_norm(o, (D,), lw, lb) for o, lw, lb in zip(outs, lws, lbs)]
+
+
+def test_layer_norms_of_bf16_and_fp32_inputs_batch_together():
+    g = torch.Generator().manual_seed(7)
+    ins = [torch.randn(8, D, generator=g)] + [torch.randn(D, D, generator=g) / 4 for _ in range(4)]
+    ins += [torch.randn(D, generator=g) * 0.1 + 1 for _ in range(5)] + [torch.randn(D, generator=g) * 0.1 for _ in range(5)]
+    run = check_level(norms_of_mixed_dtypes, ins, "torch_ir", autocast=BF16)
+    assert [o.dtype for o in run.outputs] == [BF16] * 3 + [torch.float32] * 2
+    assert run.matched("batch_layer_norm") == 1 and run.ops(0)["layer_norm"] == 1
+
+
 # ------------------------------------------------------------------ casts the user wrote
 def chunks_cast_and_scaled(x):
     return torch.cat([c.to(BF16) * 2 for c in x.split(4, 1)], 1)

@@ -12,7 +12,9 @@ For one tensor that rule is
 with ``multiplier`` 2 for fp32 results, 3 for fp16/bf16 results, tensors of fewer than
 1,000 elements, or ``tol >= 2e-2``. In words: the compiled result may be at most about
 twice as far from the exact (fp64) answer as eager fp32 itself is. ``tol`` is 1e-4,
-1e-3 for CUDA training, and TF32 is off while the three run.
+1e-3 for CUDA training, and TF32 is off while the three run. In another precision
+(``optimus.tools.bench.precision``: autocast, a bf16 model) ``ref`` is eager in that precision
+and ``tol`` the harness's for it (1e-3 under autocast).
 
 ``torch._dynamo.utils.same`` is the judge; its import and signature are checked once,
 here (``dynamo_same``). The RMSE figures reported next to its verdict are recomputed
@@ -53,9 +55,12 @@ RULE_TEXT = ("torch._dynamo.utils.same(eager_fp32, result, fp64_ref, tol): allcl
              "RMSE(fp64, result) <= m * RMSE(fp64, eager_fp32) + tol/10, m = 2 (3 for < 1000 elements)")
 
 
-def accuracy_tolerance(device: str | torch.device, mode: str) -> float:
-    """The dynamo benchmarks' default tolerance: 1e-3 for CUDA training, else 1e-4."""
-    return 1e-3 if torch.device(device).type == "cuda" and mode == "train" else 1e-4
+def accuracy_tolerance(device: str | torch.device, mode: str, precision: str = "fp32") -> float:
+    """The dynamo benchmarks' default tolerance: 1e-3 for CUDA training, else 1e-4; 1e-3
+    under autocast (``optimus.tools.bench.precision``)."""
+    from .precision import get
+
+    return get(precision).tolerance(device, mode)
 
 
 _SAME: Callable[..., bool] | None = None
@@ -271,33 +276,43 @@ def _trainable(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
 
 
 def _one_step(model: torch.nn.Module, inputs: Sequence[torch.Tensor], loss: Callable[[torch.Tensor], torch.Tensor],
-              mode: str) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+              mode: str, autocast: ContextManager[Any] | None = None) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+    """One step; ``autocast`` (if any) holds the forward and the loss, not the backward."""
+    region = autocast if autocast is not None else contextlib.nullcontext()
     if mode != "train":
-        with torch.no_grad():
+        with torch.no_grad(), region:
             return model(*inputs).detach().clone(), []
     params = _trainable(model)
     for _, p in params:
         p.grad = None
-    out = model(*inputs)
-    loss(out).backward()
+    with region:
+        out = model(*inputs)
+        value = loss(out)
+    value.backward()
     return out.detach().clone(), [None if p.grad is None else p.grad.detach().clone() for _, p in params]
 
 
 def eager_reference(name: str, mode: str, size: str = "small", device: str | torch.device = "cpu",
-                    seed: int = 0) -> Reference:
-    """Eager fp32 and fp64 results of one step of zoo or external model ``name`` (TF32 off).
+                    seed: int = 0, precision: str = "fp32") -> Reference:
+    """Eager results of one step of zoo or external model ``name`` in ``precision``
+    (``optimus.tools.bench.precision``), and fp64 ones, TF32 off.
 
+    The fp64 copy is made from the model as that precision runs it (a bf16 model's
+    rounded weights), and runs without autocast (autocast leaves fp64 tensors alone).
     The fp64 loss is the model's ``exact_loss`` when it has one (external models), else
     the zoo's binary cross-entropy in fp64."""
     from .external import get_bench_model as get_model
+    from .precision import get
 
+    prec = get(precision)
     with tf32_disabled():
         zoo = get_model(name, size, device, seed)
+        inputs = prec.cast(zoo.model, zoo.inputs)
         names = [n for n, _ in _trainable(zoo.model)] if mode == "train" else []
-        out, grads = _one_step(zoo.model, zoo.inputs, zoo.loss, mode)
-        del zoo
+        out, grads = _one_step(zoo.model, inputs, zoo.loss, mode, prec.autocast(device))
+        del zoo, inputs
         zoo = get_model(name, size, device, seed)
-        model64, inputs64 = fp64_copy(zoo.model, zoo.inputs)
+        model64, inputs64 = fp64_copy(zoo.model, prec.cast(zoo.model, zoo.inputs))
         targets = zoo.targets
         loss64 = getattr(zoo, "exact_loss", None) or (lambda o: fp64_loss(o, targets))
         out64, grads64 = _one_step(model64, inputs64, loss64, mode)

@@ -3,18 +3,21 @@
     optimus bench --model NAME|MODULE:FACTORY|all --mode infer|train [--device cuda|cpu]
                   [--inputs SHAPES] [--suite zoo|external|all] [--size small|realistic]
                   [--configs a,b] [--json] [--json-out FILE] [--plot FILE] [--workers N]
-                  [--repeats R] [--tf32] [--dynamic] [--time-split]
+                  [--repeats R] [--precision fp32|tf32|amp-bf16|amp-fp16|bf16[,...]] [--dynamic]
+                  [--time-split]
 
 ``--model`` and ``--mode`` also take comma lists; ``--model all`` means every model of
 ``--suite`` (the zoo by default; ``external``: TorchRec and Hugging Face models,
 ``optimus.tools.bench.external``). ``--model MODULE:FACTORY`` benchmarks a model of yours
 (``optimus.tools.user_model``: the factory returns the module, or the module and its example
 inputs; ``--inputs`` gives them otherwise); it must return one tensor, and training
-minimizes the mean of its square. An external model whose library is not installed gets a
+minimizes the mean of its square. ``--precision`` takes a comma list: each row runs in one
+precision (``optimus.tools.bench.precision``), a model's precisions back to back in one process;
+``--tf32`` is ``--precision tf32``. An external model whose library is not installed gets a
 ``skipped`` line in the table (never an error); when every model asked for is skipped
 the command fails with a message naming the extras to install. ``--json`` prints this
 run's rows as JSON on stdout (the table then goes to stderr); ``--json-out FILE`` merges
-into an existing file, keyed by model/mode/config, and is rewritten after every row, so
+into an existing file, keyed by model/mode/config (and precision, when not fp32), and is rewritten after every row, so
 runs made in pieces (or cut short) accumulate into one file. ``--workers N`` compiles N rows at a
 time in worker processes and times one at a time (``optimus.tools.bench.parallel``).
 """
@@ -32,8 +35,10 @@ from ..cli_json import add_json_arguments, dumps, json_targets
 from ...core.table import format_table
 from ..models import MODELS, SIZES
 from . import external
+from . import precision as precisions
 from .configs import CONFIG_NAMES
 from .harness import MODES
+from .results import key as row_key
 
 
 def _choices(value: str, allowed: Sequence[str], what: str) -> list[str]:
@@ -65,9 +70,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=1,
                    help="take the median of --iters steps this many times and report their spread (default 1)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--precision", default=None,
+                   help="the precision(s) of every step, a comma list: fp32 (default: TF32 off), tf32 (CUDA: the "
+                        "timed steps with TF32 matmuls; one extra compile per row), amp-bf16 / amp-fp16 (forward "
+                        "and loss under torch.autocast), bf16 (the model and its floating inputs in bfloat16), "
+                        "or all; accuracy judged with TF32 off against eager in the same precision and fp64")
     p.add_argument("--tf32", dest="tf32", action="store_true", default=False,
-                   help="CUDA: time the steps with TF32 matmuls (one extra compile per row: Dynamo guards on "
-                        "the flag); accuracy is always judged with TF32 off (default: TF32 off throughout)")
+                   help="the same as --precision tf32")
     p.add_argument("--no-tf32", dest="tf32", action="store_false", help=argparse.SUPPRESS)  # the default now
     p.add_argument("--dynamic", action="store_true", help="compile with dynamic=True")
     p.add_argument("--time-split", action="store_true",
@@ -126,6 +135,7 @@ def run_command(args: argparse.Namespace) -> int:
     models = _models(args.model, args.suite, args.inputs)
     modes = _choices(args.mode, list(MODES), "mode")
     configs = _choices(args.configs, CONFIG_NAMES, "configuration")
+    precision_list = _precisions(args)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         print(f"error: --device cuda, but no CUDA device is available (torch {torch.__version__}, "
@@ -153,7 +163,7 @@ def run_command(args: argparse.Namespace) -> int:
         return 2
 
     opts = harness.BenchOptions(device=device, size=size, iters=args.iters, warmup=args.warmup,
-                                seed=args.seed, tf32=args.tf32, cold=args.cold, repeats=args.repeats,
+                                seed=args.seed, precisions=tuple(precision_list), cold=args.cold, repeats=args.repeats,
                                 dynamic=args.dynamic, compile_threads=args.compile_threads, isolate=args.isolate,
                                 time_split=args.time_split)
     command = "optimus bench " + " ".join(shlex.quote(a) for a in _argv_for_record(args, device, size))
@@ -174,15 +184,14 @@ def run_command(args: argparse.Namespace) -> int:
         skip = {k for k, r in data["rows"].items()
                 if r.get("status") == "ok" and r.get("size") == size and r.get("device") == device}
     deadline = None if args.budget_minutes is None else time.perf_counter() + 60 * args.budget_minutes
-    planned = [f"{m}/{md}/{c}" for m in models for md in modes for c in configs]
+    planned = [row_key(m, md, c, pr) for m, md, c, pr in harness.plan(models, modes, configs, precision_list)]
     for m in missing:  # a line in the table; in the JSON only where it replaces nothing
-        for md in modes:
-            for c in configs:
-                row = harness.skipped_row(m, md, c, opts, missing[m])
-                row["command"] = command
-                results.merge(this_run, [row])
-                if json_path and results.row_key(row) not in data["rows"]:
-                    results.merge(data, [row], command)
+        for _, md, c, pr in harness.plan([m], modes, configs, precision_list):
+            row = harness.skipped_row(m, md, c, opts, missing[m], precision=pr)
+            row["command"] = command
+            results.merge(this_run, [row])
+            if json_path and results.row_key(row) not in data["rows"]:
+                results.merge(data, [row], command)
     if json_path and missing:
         results.save(json_path, data)
     models = [m for m in models if m not in missing]
@@ -222,6 +231,15 @@ def run_command(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _precisions(args: argparse.Namespace) -> list[str]:
+    """``--precision`` checked (``--tf32``: tf32, as before the option existed)."""
+    if args.tf32:
+        if args.precision not in (None, "tf32"):
+            raise ValueError(f"--tf32 is --precision tf32: give one of --tf32 and --precision {args.precision}")
+        return ["tf32"]
+    return precisions.parse(args.precision or "fp32")
+
+
 def _models(value: str, suite: str, inputs: str | None) -> list[str]:
     """The models ``--model`` names: built-in names (checked), ``all`` (the suite), and
     ``MODULE:FACTORY`` models of the user's, each carrying ``--inputs`` in its name."""
@@ -254,8 +272,9 @@ def _argv_for_record(args: argparse.Namespace, device: str, size: str) -> list[s
         argv += ["--repeats", str(args.repeats)]
     if args.seed != 0:
         argv += ["--seed", str(args.seed)]
-    if args.tf32:
-        argv.append("--tf32")
+    chosen = _precisions(args)
+    if chosen != ["fp32"]:
+        argv += ["--precision", ",".join(chosen)]
     if args.dynamic:
         argv.append("--dynamic")
     if args.time_split:

@@ -9,9 +9,10 @@ one of N worker processes: ``optimus.tools.bench.parallel``):
    configuration) and wrapped by the configuration;
 3. the first step, timed, with TF32 off: it compiles (cold compile time = first step
    minus one steady step) and gives the outputs and parameter gradients judged against
-   eager fp32 and fp64 by the dynamo benchmarks' rule (``optimus.tools.bench.accuracy``);
-4. with ``tf32`` (CUDA), TF32 is turned on and one untimed step recompiles (Dynamo
-   guards on the TF32 flag);
+   eager in the row's precision and fp64 by the dynamo benchmarks' rule
+   (``optimus.tools.bench.accuracy``);
+4. in the ``tf32`` precision (CUDA), TF32 is turned on and one untimed step recompiles
+   (Dynamo guards on the TF32 flag);
 5. the timed section (with workers, under an exclusive inter-process lock): kernels
    per step (CUDA: profiler kernel events of one warmed-up step; CPU: loop nests and
    extern calls in the generated code plus the aten ops that run outside it, or the
@@ -20,7 +21,9 @@ one of N worker processes: ``optimus.tools.bench.parallel``):
    ``warmup``, and the peak memory of one step.
 
 A training step is forward, ``loss.backward()`` and ``torch.optim.SGD.step()`` (not
-compiled); an inference step is the forward under ``torch.no_grad()``. A configuration
+compiled); an inference step is the forward under ``torch.no_grad()``. Each row runs in
+one precision (``optimus.tools.bench.precision``: under autocast the forward and the loss are
+inside ``torch.autocast``, the backward and the optimizer outside). A configuration
 that raises is recorded with its error and the next one runs.
 """
 
@@ -40,11 +43,14 @@ from typing import Any, Callable, ContextManager, Iterable, Iterator
 
 import torch
 
+from ...core.driver import DEAD_CODE
 from ..models import ZooModel
 from . import accuracy
+from . import precision as precisions
 from .accuracy import Reference
 from .configs import CONFIGS, upstream_fusion_options
 from .external import get_bench_model
+from .results import key as row_key
 
 MODES = ("train", "infer")
 LR = 0.01
@@ -57,7 +63,7 @@ class BenchOptions:
     iters: int = 30
     warmup: int = 5
     seed: int = 0
-    tf32: bool = False  # CUDA: time with TF32 matmuls (accuracy is always judged with TF32 off)
+    precisions: tuple[str, ...] = ("fp32",)  # optimus.tools.bench.precision names; every row runs in one
     lr: float = LR
     cold: bool = True  # fresh cache dirs per configuration (False: reuse compiled kernels; CI only)
     repeats: int = 1  # medians of ``iters`` steps taken this many times (their spread is reported)
@@ -67,9 +73,9 @@ class BenchOptions:
     isolate: bool = False  # workers: no row builds, compiles or runs its first step while one is timed
     time_split: bool = False  # profile where a step's time goes (measure.time_split) into row["time_split"]
 
-    def tolerance(self, mode: str) -> float:
-        """The accuracy rule's ``tol``: 1e-3 for CUDA training, else 1e-4."""
-        return accuracy.accuracy_tolerance(self.device, mode)
+    def tolerance(self, mode: str, precision: str = "fp32") -> float:
+        """The accuracy rule's ``tol``: 1e-3 for CUDA training or under autocast, else 1e-4."""
+        return accuracy.accuracy_tolerance(self.device, mode, precision)
 
     def compile_kwargs(self) -> dict[str, Any]:
         return {"dynamic": True} if self.dynamic else {}
@@ -145,28 +151,41 @@ def warm_compile_pool(device: str) -> None:
 
 
 class Runner:
-    """A model under one configuration, with its step functions."""
+    """A model under one configuration, with its step functions, in one precision
+    (``optimus.tools.bench.precision``): ``inputs`` are the zoo's inputs cast as the precision
+    casts them (``prepare`` casts the model and the inputs before it is wrapped)."""
 
-    def __init__(self, zoo: ZooModel, fn: Callable[..., Any], mode: str, lr: float, cudagraphs: bool = False) -> None:
+    def __init__(self, zoo: ZooModel, fn: Callable[..., Any], mode: str, lr: float, cudagraphs: bool = False,
+                 precision: "str | precisions.Precision" = "fp32", inputs: tuple[Any, ...] | None = None) -> None:
         self.zoo = zoo
         self.fn = fn
         self.mode = mode
         self.cudagraphs = cudagraphs
+        self.precision = precisions.get(precision)
+        self.inputs = tuple(zoo.inputs) if inputs is None else inputs
         self.params = [p for p in zoo.model.parameters() if p.requires_grad]
         self.opt = torch.optim.SGD(self.params, lr=lr) if mode == "train" else None
+
+    @staticmethod
+    def prepare(zoo: ZooModel, precision: "str | precisions.Precision") -> tuple[Any, ...]:
+        """Cast ``zoo``'s model in place as ``precision`` runs it; its inputs, cast likewise."""
+        return precisions.get(precision).cast(zoo.model, zoo.inputs)
 
     def forward_backward(self) -> torch.Tensor:
         """Forward and backward (no optimizer step): the parity step."""
         if self.cudagraphs:
             # One step is one CUDA-graph generation: the previous step's outputs may be reused.
             torch.compiler.cudagraph_mark_step_begin()
+        autocast = self.precision.autocast(self.zoo.device)
         if self.mode == "infer":
-            with torch.no_grad():
-                return self.fn(*self.zoo.inputs)
+            with torch.no_grad(), autocast:
+                return self.fn(*self.inputs)
         for p in self.params:
             p.grad = None
-        out = self.fn(*self.zoo.inputs)
-        self.zoo.loss(out).backward()
+        with autocast:  # the forward and the loss, as autocast's documentation has it
+            out = self.fn(*self.inputs)
+            loss = self.zoo.loss(out)
+        loss.backward()
         return out
 
     def step(self) -> torch.Tensor:
@@ -181,10 +200,13 @@ class Runner:
             return 0
         from ..measure import count_kernels
 
-        out = self.fn(*self.zoo.inputs).detach().requires_grad_()
+        with self.precision.autocast(self.zoo.device):
+            out = self.fn(*self.inputs).detach().requires_grad_()
 
         def rest() -> None:
-            self.zoo.loss(out).backward()
+            with self.precision.autocast(self.zoo.device):
+                loss = self.zoo.loss(out)
+            loss.backward()
             self.opt.step()  # type: ignore[union-attr]
 
         return count_kernels(rest, "cpu")
@@ -198,9 +220,9 @@ def compare(ref: Reference, out: torch.Tensor, grads: list[torch.Tensor | None] 
     return accuracy.judge(ref, out, grads, tol)
 
 
-def eager_reference(name: str, mode: str, opts: BenchOptions) -> Reference:
-    """Eager fp32 and fp64 results of the first step, TF32 off."""
-    return accuracy.eager_reference(name, mode, opts.size, opts.device, opts.seed)
+def eager_reference(name: str, mode: str, opts: BenchOptions, precision: str = "fp32") -> Reference:
+    """Eager results in ``precision`` and fp64 results of the first step, TF32 off."""
+    return accuracy.eager_reference(name, mode, opts.size, opts.device, opts.seed, precision)
 
 
 class CudagraphSkips:
@@ -254,13 +276,16 @@ def _cudagraph_status(dev: torch.device, watch: CudagraphSkips) -> str:
 # --- one row --------------------------------------------------------------------------
 
 
-def new_row(name: str, mode: str, config: str, opts: BenchOptions, error: str | None = None) -> dict[str, Any]:
+def new_row(name: str, mode: str, config: str, opts: BenchOptions, error: str | None = None,
+            precision: str = "fp32") -> dict[str, Any]:
     """A row with every field present and nothing measured yet (status "error")."""
     dev = torch.device(opts.device)
+    prec = precisions.get(precision)
     return {
         "model": name,
         "mode": mode,
         "config": config,
+        **prec.record(),
         "size": opts.size,
         "device": dev.type,
         "status": "error",
@@ -275,11 +300,13 @@ def new_row(name: str, mode: str, config: str, opts: BenchOptions, error: str | 
         "compile_s": None,
         "first_step_s": None,
         "parity": None,
+        "output_dtype": None,
+        "optimus_rewrites": None,
         "iters": opts.iters,
         "warmup": opts.warmup,
         "repeats": opts.repeats,
         "seed": opts.seed,
-        "tf32": opts.tf32 if dev.type == "cuda" else None,  # for the timed steps; accuracy: always off
+        "tf32": prec.tf32 if dev.type == "cuda" else None,  # for the timed steps; accuracy: always off
         "cold_compile": opts.cold,
         "dynamic": opts.dynamic,
         "workers": opts.workers,
@@ -288,9 +315,10 @@ def new_row(name: str, mode: str, config: str, opts: BenchOptions, error: str | 
     }
 
 
-def skipped_row(name: str, mode: str, config: str, opts: BenchOptions, reason: str) -> dict[str, Any]:
+def skipped_row(name: str, mode: str, config: str, opts: BenchOptions, reason: str,
+                precision: str = "fp32") -> dict[str, Any]:
     """The row of a model that cannot run here (an external model's library is missing)."""
-    row = new_row(name, mode, config, opts, error=reason)
+    row = new_row(name, mode, config, opts, error=reason, precision=precision)
     row["status"] = "skipped"
     row["env"] = environment(opts.device)
     return row
@@ -304,8 +332,11 @@ def run_config(
     ref: Reference | None,
     timed_section: Callable[[], ContextManager[Any]] | None = None,
     busy_section: Callable[[], ContextManager[Any]] | None = None,
+    precision: str = "fp32",
 ) -> dict[str, Any]:
-    """Measure ``name`` in ``mode`` under ``config``; never raises (errors go in the row).
+    """Measure ``name`` in ``mode`` under ``config`` in ``precision``; never raises (errors go in the row).
+
+    ``ref`` holds the eager references of the same precision (``eager_reference``).
 
     ``timed_section`` (workers: an exclusive inter-process lock) is held around
     everything that is timed or counted: warm-up, timed steps, kernel count and peak
@@ -316,7 +347,9 @@ def run_config(
 
     dev = torch.device(opts.device)
     cfg = CONFIGS[config]
-    row = new_row(name, mode, config, opts)
+    prec = precisions.get(precision)
+    tf32 = prec.tf32 and dev.type == "cuda"
+    row = new_row(name, mode, config, opts, precision=precision)
     if cfg.cudagraphs:
         row["cudagraphs"] = None
     if config == "upstream":
@@ -335,7 +368,9 @@ def run_config(
             with busy():  # the GPU work outside the timed section
                 zoo = get_bench_model(name, opts.size, opts.device, opts.seed)
                 row["batch_size"] = zoo.batch_size
-                runner = Runner(zoo, cfg.wrap(zoo.model, **opts.compile_kwargs()), mode, opts.lr, cudagraphs=cfg.cudagraphs)
+                inputs = Runner.prepare(zoo, prec)
+                runner = Runner(zoo, cfg.wrap(zoo.model, **opts.compile_kwargs()), mode, opts.lr,
+                                cudagraphs=cfg.cudagraphs, precision=prec, inputs=inputs)
 
                 # First step, TF32 off: compiles; its outputs and gradients are the accuracy check.
                 measure.synchronize(dev)
@@ -346,15 +381,17 @@ def run_config(
                     out, generated = runner.forward_backward(), None
                 measure.synchronize(dev)
                 row["first_step_s"] = time.perf_counter() - t0
+                row["output_dtype"] = str(out.dtype).replace("torch.", "")  # autocast's, where it ran
                 if ref is not None:
-                    row["parity"] = compare(ref, out, runner.grads() if mode == "train" else None, opts.tolerance(mode))
+                    row["parity"] = compare(ref, out, runner.grads() if mode == "train" else None,
+                                            opts.tolerance(mode, precision))
                 if runner.opt is not None:
                     runner.opt.step()
                 del out
                 row.update(_optimus_summary(runner.fn))
 
-            with accuracy.tf32_mode(opts.tf32 and dev.type == "cuda"):
-                if opts.tf32 and dev.type == "cuda" and cfg.compiled:
+            with accuracy.tf32_mode(tf32):
+                if tf32 and cfg.compiled:
                     # Dynamo guards on the TF32 flag: the first step with TF32 on recompiles.
                     with busy():
                         t0 = time.perf_counter()
@@ -431,6 +468,8 @@ def _optimus_summary(fn: Any) -> dict[str, Any]:
         totals = report.rule_totals()
         return {
             "optimus_rules": {name: st.matched for name, st in totals.items() if st.matched},
+            # the rewrites that reached the compiled program (dead-code removal is not one)
+            "optimus_rewrites": sum(st.matched for name, st in totals.items() if name != DEAD_CODE),
             "optimus_errors": [str(e)[:200] for e in report.errors()[:5]],
             # graphs the safety net compiled again without (some of) Optimus: their
             # rewrites are not in optimus_rules; why, per graph
@@ -466,8 +505,10 @@ def _describe(e: BaseException) -> str:
 # --- many rows ------------------------------------------------------------------------
 
 
-def plan(models: Iterable[str], modes: Iterable[str], configs: Iterable[str]) -> list[tuple[str, str, str]]:
-    return [(m, mode, c) for m in models for mode in modes for c in configs]
+def plan(models: Iterable[str], modes: Iterable[str], configs: Iterable[str],
+         precisions: Iterable[str] = ("fp32",)) -> list[tuple[str, str, str, str]]:
+    """``(model, mode, config, precision)`` rows: a model's precisions back to back."""
+    return [(m, mode, c, p) for m in models for mode in modes for p in precisions for c in configs]
 
 
 def run(
@@ -480,9 +521,10 @@ def run(
     skip: set[str] | frozenset[str] = frozenset(),
     deadline: float | None = None,
 ) -> list[dict[str, Any]]:
-    """Run the whole plan; ``on_row`` sees each row as soon as it is measured.
+    """Run the whole plan (every precision of ``opts.precisions``); ``on_row`` sees each row
+    as soon as it is measured.
 
-    ``skip`` holds ``model/mode/config`` keys not to run (already measured);
+    ``skip`` holds row keys (``results.key``) not to run (already measured);
     ``deadline`` (a ``time.perf_counter()`` value) stops the plan before a configuration
     that would not finish in time, judged by the longest compiled configuration of the
     same model and mode so far (or once the deadline has passed).
@@ -492,40 +534,41 @@ def run(
     rows: list[dict[str, Any]] = []
     for name in models:
         for mode in modes:
-            todo = [c for c in configs if f"{name}/{mode}/{c}" not in skip]
-            if progress is not None:
-                for _ in range(len(configs) - len(todo)):
-                    progress.advance()
-            if not todo:
-                continue
-            if deadline is not None and time.perf_counter() > deadline:
-                return rows
-            ref: Reference | None = None
-            ref_error = None
-            try:
-                ref = eager_reference(name, mode, opts)
-            except Exception as e:
-                ref_error = _describe(e)
-            _release(opts.device)
             longest = 0.0
-            for config in todo:
-                expected = longest if CONFIGS[config].compiled else 0.0
-                if deadline is not None and time.perf_counter() + expected > deadline:
+            for precision in opts.precisions:
+                todo = [c for c in configs if row_key(name, mode, c, precision) not in skip]
+                if progress is not None:
+                    for _ in range(len(configs) - len(todo)):
+                        progress.advance()
+                if not todo:
+                    continue
+                if deadline is not None and time.perf_counter() > deadline:
                     return rows
-                if progress is not None:
-                    progress.describe(f"{name} {mode} {config}")
-                started = time.perf_counter()
-                row = run_config(name, mode, config, opts, ref)
-                if CONFIGS[config].compiled:
-                    longest = max(longest, time.perf_counter() - started)
-                if ref is None and row["parity"] is None:
-                    row["parity_error"] = f"eager reference failed: {ref_error}"
-                row["env"] = env
-                rows.append(row)
-                if on_row is not None:
-                    on_row(row)
-                if progress is not None:
-                    progress.advance()
-            del ref
-            _release(opts.device)
+                ref: Reference | None = None
+                ref_error = None
+                try:
+                    ref = eager_reference(name, mode, opts, precision)
+                except Exception as e:
+                    ref_error = _describe(e)
+                _release(opts.device)
+                for config in todo:
+                    expected = longest if CONFIGS[config].compiled else 0.0
+                    if deadline is not None and time.perf_counter() + expected > deadline:
+                        return rows
+                    if progress is not None:
+                        progress.describe(f"{name} {mode} {config} {precision}")
+                    started = time.perf_counter()
+                    row = run_config(name, mode, config, opts, ref, precision=precision)
+                    if CONFIGS[config].compiled:
+                        longest = max(longest, time.perf_counter() - started)
+                    if ref is None and row["parity"] is None:
+                        row["parity_error"] = f"eager reference failed: {ref_error}"
+                    row["env"] = env
+                    rows.append(row)
+                    if on_row is not None:
+                        on_row(row)
+                    if progress is not None:
+                        progress.advance()
+                del ref
+                _release(opts.device)
     return rows

@@ -3,7 +3,7 @@
 Compilation dominates a bench run (about 100 s for one Inductor compile of the largest
 training graph on the H200, 230 s with upstream's passes) and much of it is
 single-threaded Python, so a coordinator (this process) hands the (model, mode,
-config) rows to N worker processes (``multiprocessing`` spawn). In a worker, one row is
+config, precision) rows to N worker processes (``multiprocessing`` spawn). In a worker, one row is
 ``harness.run_config``, as in a serial run:
 
 1. ``torch._dynamo.reset()``, fresh cache directories, build, compile and the first
@@ -17,7 +17,7 @@ config) rows to N worker processes (``multiprocessing`` spawn). In a worker, one
 Rows are handed out longest expected compile first (``expected_compile_s``), so the
 long compiles overlap everything else instead of trailing at the end. Each worker runs
 Inductor with ``TORCHINDUCTOR_COMPILE_THREADS=compile_threads`` so N workers fit the
-machine. The eager fp32 and fp64 references of a (model, mode) are computed once, by
+machine. The eager and fp64 references of a (model, mode, precision) are computed once, by
 the first worker that needs them (under the lock, so they disturb no timing), saved in
 the run directory and loaded by the others.
 
@@ -62,13 +62,16 @@ CONFIG_FACTOR = {"eager": 0.0, "upstream": 1.3, "optimus": 0.8, "optimus-cudagra
                  "optimus-horizontal": 0.8, "optimus-fx": 0.8}
 
 
-def expected_compile_s(model: str, mode: str, config: str, prior: dict[str, float] | None = None) -> float:
-    """Expected compile seconds of a row: a measured figure from ``prior`` (keyed
-    ``model/mode/config``) when there is one, else the H200 table scaled by mode and
-    configuration (unknown compiled configurations count as plain Inductor)."""
+def expected_compile_s(model: str, mode: str, config: str, prior: dict[str, float] | None = None,
+                       precision: str = "fp32") -> float:
+    """Expected compile seconds of a row: a measured figure from ``prior`` (keyed as
+    results files are, ``results.key``) when there is one, else the H200 table scaled by
+    mode and configuration (unknown compiled configurations count as plain Inductor; every
+    precision as fp32)."""
     from .configs import CONFIGS
+    from .results import key as row_key
 
-    key = f"{model}/{mode}/{config}"
+    key = row_key(model, mode, config, precision)
     if prior and key in prior:
         return prior[key]
     cfg = CONFIGS.get(config)
@@ -84,15 +87,19 @@ class Task:
     mode: str
     config: str
     expected_s: float
+    precision: str = "fp32"
 
     @property
     def key(self) -> str:
-        return f"{self.model}/{self.mode}/{self.config}"
+        from .results import key
+
+        return key(self.model, self.mode, self.config, self.precision)
 
 
-def schedule(plan: Sequence[tuple[str, str, str]], prior: dict[str, float] | None = None) -> list[Task]:
-    """The plan's rows, longest expected compile first (ties keep the plan's order)."""
-    tasks = [Task(m, md, c, expected_compile_s(m, md, c, prior)) for m, md, c in plan]
+def schedule(plan: Sequence[tuple[str, str, str, str]], prior: dict[str, float] | None = None) -> list[Task]:
+    """The plan's ``(model, mode, config, precision)`` rows, longest expected compile first
+    (ties keep the plan's order)."""
+    tasks = [Task(m, md, c, expected_compile_s(m, md, c, prior, p), p) for m, md, c, p in plan]
     return sorted(tasks, key=lambda t: -t.expected_s)
 
 
@@ -226,20 +233,20 @@ class WorkerSetup:
     timing_cores: tuple[int, ...]
 
 
-def _reference_path(run_dir: str, model: str, mode: str) -> str:
-    return os.path.join(run_dir, f"ref-{model}-{mode}")
+def _reference_path(run_dir: str, model: str, mode: str, precision: str = "fp32") -> str:
+    return os.path.join(run_dir, f"ref-{model}-{mode}-{precision}")
 
 
 def shared_reference(setup: WorkerSetup, model: str, mode: str, opts: Any,
-                     timed_lock: FileLock) -> tuple[Any, str | None, str]:
-    """The (model, mode) eager references: loaded if another worker made them, else made
-    here (under the timing lock: they run on the device) and saved. Returns
+                     timed_lock: FileLock, precision: str = "fp32") -> tuple[Any, str | None, str]:
+    """The (model, mode, precision) eager references: loaded if another worker made them,
+    else made here (under the timing lock: they run on the device) and saved. Returns
     ``(reference or None, error or None, "loaded" or "computed")``."""
     import torch
 
     from .harness import _describe, eager_reference
 
-    base = _reference_path(setup.run_dir, model, mode)
+    base = _reference_path(setup.run_dir, model, mode, precision)
     with FileLock(base + ".lock"):
         if os.path.exists(base + ".pt"):
             return torch.load(base + ".pt", map_location=opts.device, weights_only=False), None, "loaded"
@@ -248,7 +255,7 @@ def shared_reference(setup: WorkerSetup, model: str, mode: str, opts: Any,
                 return None, f.read(), "loaded"
         try:
             with timed_lock:
-                ref = eager_reference(model, mode, opts)
+                ref = eager_reference(model, mode, opts, precision)
         except Exception as e:  # the rows still run; their accuracy says why it is missing
             with open(base + ".error", "w") as f:
                 f.write(_describe(e))
@@ -268,17 +275,18 @@ def worker_main(setup: WorkerSetup, opts: Any, tasks: Any, results: Any) -> None
     env = harness.environment(opts.device)
     timed_lock = FileLock(os.path.join(setup.run_dir, "timed.lock"))
     quiet = Quiet(setup.run_dir) if opts.isolate else None
-    refs: dict[tuple[str, str], tuple[Any, str | None, str]] = {}
+    refs: dict[tuple[str, str, str], tuple[Any, str | None, str]] = {}
     while True:
         task = tasks.get()
         if task is None:
             return
         source = "in memory"
-        if (task.model, task.mode) not in refs:
-            refs.clear()  # one (model, mode) in memory at a time
-            refs[(task.model, task.mode)] = shared_reference(setup, task.model, task.mode, opts, timed_lock)
-            source = refs[(task.model, task.mode)][2]
-        ref, ref_error, _ = refs[(task.model, task.mode)]
+        which = (task.model, task.mode, task.precision)
+        if which not in refs:
+            refs.clear()  # one (model, mode, precision) in memory at a time
+            refs[which] = shared_reference(setup, task.model, task.mode, opts, timed_lock, task.precision)
+            source = refs[which][2]
+        ref, ref_error, _ = refs[which]
         waits: list[float] = []
 
         @contextlib.contextmanager
@@ -296,7 +304,7 @@ def worker_main(setup: WorkerSetup, opts: Any, tasks: Any, results: Any) -> None
 
         started = time.perf_counter()
         row = harness.run_config(task.model, task.mode, task.config, opts, ref, timed_section=timed_section,
-                                 busy_section=quiet.busy if quiet is not None else None)
+                                 busy_section=quiet.busy if quiet is not None else None, precision=task.precision)
         if ref is None and row["parity"] is None:
             row["parity_error"] = f"eager reference failed: {ref_error}"
         row["env"] = env
@@ -344,9 +352,10 @@ def run_parallel(
     """
     from . import harness
 
-    plan = [t for t in schedule(harness.plan(models, modes, configs), prior) if t.key not in skip]
+    full_plan = harness.plan(models, modes, configs, opts.precisions)
+    plan = [t for t in schedule(full_plan, prior) if t.key not in skip]
     if progress is not None:
-        for _ in range(len(models) * len(modes) * len(configs) - len(plan)):
+        for _ in range(len(full_plan) - len(plan)):
             progress.advance()
     if not plan:
         return []
@@ -405,7 +414,8 @@ def run_parallel(
                     w.task, w.started = pending.pop(0), time.perf_counter()
                     w.tasks.put(w.task)
                     if progress is not None:
-                        progress.describe(f"worker {w.setup.worker_id}: {w.task.model} {w.task.mode} {w.task.config}")
+                        progress.describe(f"worker {w.setup.worker_id}: {w.task.model} {w.task.mode} {w.task.config} "
+                                          f"{w.task.precision}")
             try:
                 worker_id, key, row, took = results.get(timeout=1.0)
             except queue.Empty:
@@ -414,7 +424,8 @@ def run_parallel(
                         deaths += 1
                         message = (f"WorkerDied: the worker process exited with code {w.process.exitcode} "
                                    f"while running this row")
-                        row = harness.new_row(w.task.model, w.task.mode, w.task.config, opts, message)
+                        row = harness.new_row(w.task.model, w.task.mode, w.task.config, opts, message,
+                                              precision=w.task.precision)
                         row["env"] = {"device": opts.device}
                         finish(w, row, time.perf_counter() - w.started)
                         if deaths > 2 * workers:
@@ -434,5 +445,5 @@ def run_parallel(
                 w.process.terminate()
                 w.process.join(timeout=10)
         shutil.rmtree(run_dir, ignore_errors=True)
-    plan_order = [f"{m}/{md}/{c}" for m, md, c in harness.plan(models, modes, configs)]
+    plan_order = [Task(m, md, c, 0.0, p).key for m, md, c, p in full_plan]
     return [done[k] for k in plan_order if k in done]

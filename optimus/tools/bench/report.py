@@ -1,7 +1,8 @@
 """Render bench results as markdown: ``python -m optimus.tools.bench.report results.json [more.json ...]``.
 
-Prints one table per mode (training, inference) with every model and configuration,
-preceded by the commands, dates, versions and devices that produced the rows. Several
+Prints one table per mode (training, inference) and precision (fp32, amp-bf16, ...) with
+every model and configuration, preceded by the commands, dates, versions and devices that
+produced the rows. Several
 files (e.g. one per piece of a GPU run) are merged first; a later file's row replaces an
 earlier one for the same model/mode/config. ``--merge-into FILE`` also writes the merged
 results as one JSON file.
@@ -16,7 +17,9 @@ from typing import Any, Sequence
 from ..models import MODELS
 from .configs import CONFIG_NAMES
 from .accuracy import RULE_TEXT
-from .results import empty, has_cudagraph_rows, load, merge, row_cells, rows_by, save, table_header, validate
+from .precision import PRECISION_NAMES, PRECISIONS, row_precision
+from .results import (empty, has_cudagraph_rows, load, merge, row_cells, rows_by, save, several_precisions, table_header,
+                      validate)
 
 MODE_TITLES = {"train": "Training (forward + backward + SGD step)", "infer": "Inference (forward, no_grad)"}
 
@@ -53,6 +56,10 @@ def accuracy_legend(data: dict[str, Any]) -> list[str]:
         lines.append("Accuracy (TF32 off; tol " + ", ".join(f"{t:g}" for t in tols) + "): " + RULE_TEXT
                      + ". The cell gives the worst RMSE(fp64, config) / RMSE(fp64, eager fp32) over the outputs and "
                      "gradients the RMSE rule judged, and its limit; `allclose`: every tensor within tol of eager fp32.")
+        if any(row_precision(r) not in ("fp32", "tf32") for r in data["rows"].values()):
+            lines.append("In another precision, eager fp32 is eager in that precision (under the same autocast, or "
+                         "the bf16 model), tol 1e-3 under autocast, and the multiplier 3 for bf16/fp16 results; "
+                         "the fp64 reference is the same.")
     if "max-rel" in rules:
         lines.append("`max-rel` cells (older rows): max |config - eager| / max |eager| per tensor, limit 2e-3 "
                      "(2e-2 with TF32).")
@@ -77,25 +84,30 @@ def render(data: dict[str, Any]) -> str:
     grouped = rows_by(data)
     cg = has_cudagraph_rows(data)
     header = ["model", *table_header(cg)]
+    present_precisions = {p for (_, _, p) in grouped}
+    precisions = [p for p in PRECISION_NAMES if p in present_precisions] + sorted(present_precisions - set(PRECISION_NAMES))
     for mode in ("train", "infer"):
-        present = [m for (m, md) in grouped if md == mode]
-        models = [m for m in MODELS if m in present] + [m for m in present if m not in MODELS]
-        if not models:
-            continue
-        out += ["", f"### {MODE_TITLES[mode]}", ""]
-        out.append("| " + " | ".join(header) + " |")
-        out.append("|---|---|" + "---:|" * (len(header) - 3) + "---|")
-        for model in models:
-            cfgs = grouped[(model, mode)]
-            order = [c for c in CONFIG_NAMES if c in cfgs] + [c for c in cfgs if c not in CONFIG_NAMES]
-            for config in order:
-                row = cfgs[config]
-                if row["status"] != "ok":
-                    out.append(f"| {model} | {config} | {_cell_error(row)} |" + " |" * (len(header) - 3))
-                    continue
-                cells = row_cells(row, cfgs, cg)
-                cells[-1] = cells[-1].replace("FAIL", "**FAIL**")
-                out.append("| " + " | ".join([model, *cells]) + " |")
+        for precision in precisions:
+            present = [m for (m, md, p) in grouped if md == mode and p == precision]
+            models = [m for m in MODELS if m in present] + [m for m in present if m not in MODELS]
+            if not models:
+                continue
+            summary = PRECISIONS[precision].summary if precision in PRECISIONS else precision
+            out += ["", f"### {MODE_TITLES[mode]}, {precision} ({summary})", ""]
+            out.append("| " + " | ".join(header) + " |")
+            out.append("|---|---|" + "---:|" * (len(header) - 3) + "---|")
+            for model in models:
+                cfgs = grouped[(model, mode, precision)]
+                fp32 = grouped.get((model, mode, "fp32"), {})
+                order = [c for c in CONFIG_NAMES if c in cfgs] + [c for c in cfgs if c not in CONFIG_NAMES]
+                for config in order:
+                    row = cfgs[config]
+                    if row["status"] != "ok":
+                        out.append(f"| {model} | {config} | {_cell_error(row)} |" + " |" * (len(header) - 3))
+                        continue
+                    cells = row_cells(row, cfgs, cg, fp32.get(config))
+                    cells[-1] = cells[-1].replace("FAIL", "**FAIL**")
+                    out.append("| " + " | ".join([model, *cells]) + " |")
     out += time_split_table(data)
     return "\n".join(out) + "\n"
 
@@ -108,15 +120,17 @@ def time_split_table(data: dict[str, Any]) -> list[str]:
     rows = [r for r in data["rows"].values() if r.get("status") == "ok" and r.get("time_split")]
     if not rows:
         return []
-    header = ["model", "mode", "config", "step ms", "device busy", "profiled step", *SPLIT_PARTS]
+    shown = several_precisions(data)
+    header = ["model", "mode", *(["precision"] if shown else []), "config", "step ms", "device busy", "profiled step",
+              *SPLIT_PARTS]
     out = ["", "### Where the step time goes (ms per step)", "",
            "Device busy: the GPU kernels' summed time. Profiled step: the host's view under the profiler "
            "(inflated by it), split into the generated code of the compiled graphs, Dynamo's and AOTAutograd's "
            "wrappers, guards, autograd outside the graphs, the optimizer and the rest.", "",
-           "| " + " | ".join(header) + " |", "|---|---|---|" + "---:|" * (len(header) - 3)]
+           "| " + " | ".join(header) + " |", "|---|---|---|" + ("---|" if shown else "") + "---:|" * (len(header) - 3 - shown)]
     for r in rows:
         t = r["time_split"]
-        cells = [r["model"], r["mode"], r["config"], _fmt(r.get("step_ms"), ".3f"), _fmt(t["device_busy_ms"], ".3f"),
+        cells = [r["model"], r["mode"], *([row_precision(r)] if shown else []), r["config"], _fmt(r.get("step_ms"), ".3f"), _fmt(t["device_busy_ms"], ".3f"),
                  _fmt(t["wall_ms"], ".3f"), *(_fmt(t["host_ms"].get(k), ".3f") for k in SPLIT_PARTS)]
         out.append("| " + " | ".join(cells) + " |")
     return out
@@ -137,9 +151,13 @@ def _run_notes(data: dict[str, Any]) -> list[str]:
         notes.append("Step ms: the median of " + "/".join(map(str, reps)) + " repeated medians; in brackets the "
                      "spread (max - min) / median of those medians.")
     if any(r.get("tf32") for r in rows):
-        notes.append("Steps timed with TF32 matmuls (`--tf32`) where the row says so; accuracy judged with TF32 off.")
+        notes.append("Steps timed with TF32 matmuls (`--precision tf32`) where the row says so; accuracy judged "
+                     "with TF32 off.")
     if any(r.get("dynamic") for r in rows):
         notes.append("Compiled with `dynamic=True`.")
+    if any(row_precision(r) not in ("fp32", "tf32") for r in rows):
+        notes.append("Rewrites: Optimus's rewrites in the compiled program; in another precision, their share of the "
+                     "same configuration's fp32 count.")
     for key, r in data["rows"].items():
         for fallback in r.get("optimus_fallbacks") or ():
             notes.append(f"**{key}**: the safety net compiled a graph again with fewer Optimus passes, so the row times that program: {fallback}")

@@ -8,6 +8,7 @@ import tempfile
 from typing import Any, Iterable
 
 from ...core import table
+from .precision import row_precision
 
 SCHEMA = 1
 
@@ -31,8 +32,15 @@ ROW_KEYS: dict[str, tuple[type, ...]] = {
 }
 
 
+def key(model: str, mode: str, config: str, precision: str = "fp32") -> str:
+    """A row's key: ``model/mode/config``, with ``/precision`` after it unless fp32 (so files
+    written before rows had a precision keep their keys)."""
+    base = f"{model}/{mode}/{config}"
+    return base if precision == "fp32" else f"{base}/{precision}"
+
+
 def row_key(row: dict[str, Any]) -> str:
-    return f"{row['model']}/{row['mode']}/{row['config']}"
+    return key(row["model"], row["mode"], row["config"], row.get("precision") or "fp32")
 
 
 def empty() -> dict[str, Any]:
@@ -50,7 +58,7 @@ def load(path: str) -> dict[str, Any]:
 
 
 def merge(data: dict[str, Any], rows: Iterable[dict[str, Any]], command: str | None = None) -> dict[str, Any]:
-    """Add rows to ``data``; a row replaces the earlier one for the same model/mode/config."""
+    """Add rows to ``data``; a row replaces the earlier one of the same key (model/mode/config/precision)."""
     for row in rows:
         data["rows"][row_key(row)] = row
     if command and command not in data["commands"]:
@@ -94,12 +102,23 @@ def validate(data: dict[str, Any]) -> list[str]:
     return problems
 
 
-def rows_by(data: dict[str, Any]) -> dict[tuple[str, str], dict[str, dict[str, Any]]]:
-    """``{(model, mode): {config: row}}`` in insertion order."""
-    out: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+def rows_by(data: dict[str, Any]) -> dict[tuple[str, str, str], dict[str, dict[str, Any]]]:
+    """``{(model, mode, precision): {config: row}}`` in insertion order: speed-ups compare
+    configurations of one precision."""
+    out: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
     for row in data["rows"].values():
-        out.setdefault((row["model"], row["mode"]), {})[row["config"]] = row
+        out.setdefault((row["model"], row["mode"], row_precision(row)), {})[row["config"]] = row
     return out
+
+
+def rewrites_cell(row: dict[str, Any], fp32_row: dict[str, Any] | None) -> str:
+    """Optimus's rewrites in the row (``-`` without Optimus); beside them, in another
+    precision, their share of the same configuration's fp32 count."""
+    n = row.get("optimus_rewrites")
+    if n is None:
+        return "-"
+    base = (fp32_row or {}).get("optimus_rewrites")
+    return f"{n} ({100 * n / base:.0f}% of fp32)" if fp32_row is not row and base else str(n)
 
 
 def speedup(row: dict[str, Any], base: dict[str, Any] | None) -> float | None:
@@ -160,8 +179,10 @@ def _speed(row: dict[str, Any], base: dict[str, Any] | None) -> str:
     return _num(s, ".2f") + ("x" if s else "")
 
 
-def row_cells(row: dict[str, Any], configs: dict[str, dict[str, Any]], cudagraph_column: bool) -> list[str]:
-    """The figures of one ok row, in ``table_header`` order after model/mode."""
+def row_cells(row: dict[str, Any], configs: dict[str, dict[str, Any]], cudagraph_column: bool,
+              fp32_row: dict[str, Any] | None = None) -> list[str]:
+    """The figures of one ok row, in ``table_header`` order after model/mode/precision;
+    ``configs`` are the rows of its precision, ``fp32_row`` its configuration's fp32 row."""
     mem = row.get("peak_memory_bytes")
     cells = [
         config_cell(row),
@@ -176,6 +197,7 @@ def row_cells(row: dict[str, Any], configs: dict[str, dict[str, Any]], cudagraph
     cells += [
         table.format_bytes(mem),
         _num(row.get("compile_s"), ".1f"),
+        rewrites_cell(row, fp32_row),
         accuracy_cell(row),
     ]
     return cells
@@ -185,21 +207,32 @@ def table_header(cudagraph_column: bool) -> list[str]:
     header = ["config", "kernels", "step ms", "examples/s", "vs eager", "vs inductor"]
     if cudagraph_column:
         header.append("vs inductor-cudagraphs")
-    return header + ["peak memory", "compile s", "accuracy"]
+    return header + ["peak memory", "compile s", "rewrites", "accuracy"]
+
+
+def several_precisions(data: dict[str, Any]) -> bool:
+    """Whether a table of ``data`` needs a precision column (some row is not fp32)."""
+    return any(row_precision(r) != "fp32" for r in data["rows"].values())
 
 
 def table_rows(data: dict[str, Any]) -> list[list[str]]:
     lines: list[list[str]] = []
     cg = has_cudagraph_rows(data)
-    for (model, mode), configs in rows_by(data).items():
+    shown = several_precisions(data)
+    grouped = rows_by(data)
+    for (model, mode, precision), configs in grouped.items():
+        fp32 = grouped.get((model, mode, "fp32"), {})
+        lead = [model, mode, precision] if shown else [model, mode]
         for config, row in configs.items():
             if row["status"] != "ok":
-                lines.append([model, mode, config, f"{row['status']}: {row['error']}"])
+                lines.append([*lead, config, f"{row['status']}: {row['error']}"])
                 continue
-            lines.append([model, mode, *row_cells(row, configs, cg)])
+            lines.append([*lead, *row_cells(row, configs, cg, fp32.get(config))])
     return lines
 
 
 def format_table(data: dict[str, Any]) -> str:
-    """A text table (``core.table.format_table``); error rows carry their message in place of the figures."""
-    return table.format_table(["model", "mode", *table_header(has_cudagraph_rows(data))], table_rows(data))
+    """A text table (``core.table.format_table``); error rows carry their message in place of the
+    figures. A precision column where some row is not fp32."""
+    lead = ["model", "mode", "precision"] if several_precisions(data) else ["model", "mode"]
+    return table.format_table([*lead, *table_header(has_cudagraph_rows(data))], table_rows(data))
