@@ -86,20 +86,33 @@ def remove_identity_permute(m, b):
 
 def _ranks_known(m):
     """the rank is unknown"""
-    return m.rank(m.x) is not None and len(m.inner.users) == 1
+    return m.rank(m.x) is not None
 
 
-@rule(Op(PERMUTES, Op(PERMUTES, Var("x")).bind("inner")), where=[_ranks_known], stage="fold")
+def _composed(m):
+    rank = m.rank(m.x)
+    first = _as_permutation(m.call(m.inner), rank)
+    return [first[i] for i in _as_permutation(m.anchor, rank)]
+
+
+def _folding_removes_a_node(m):
+    """the inner permutation has other users and the two do not cancel (folding would only
+    trade one permute for another)"""
+    return len(m.inner.users) == 1 or _composed(m) == list(range(m.rank(m.x)))
+
+
+@rule(Op(PERMUTES, Op(PERMUTES, Var("x")).bind("inner")), where=[_ranks_known, _folding_removes_a_node], stage="fold")
 def fold_permute_chain(m, b):
     """Two permutations in a row are one (or none).
 
     x.permute(p).permute(q) -> x.permute([p[i] for i in q])
+
+    Two that cancel give x even where the inner one has other users (under autocast the
+    forward graph transposes a cast weight for its matmul and transposes it back to save it
+    for the backward).
     """
-    rank = m.rank(m.x)
-    first = _as_permutation(m.call(m.inner), rank)
-    second = _as_permutation(m.anchor, rank)
-    composed = [first[i] for i in second]
-    return m.x if composed == list(range(rank)) else b.permute(m.x, composed)
+    composed = _composed(m)
+    return m.x if composed == list(range(m.rank(m.x))) else b.permute(m.x, composed)
 
 
 def _squeezes_the_unsqueezed_dim(m):

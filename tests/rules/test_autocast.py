@@ -251,3 +251,18 @@ def test_a_model_already_in_bf16_without_autocast(level):
     assert run.outputs.dtype == BF16 and all(g.dtype == BF16 for g in run.grads)
     rule = "batch_linear" if level == "torch_ir" else "batch_mm"
     assert run.matched(rule) >= 1
+
+
+def mlp(x, w1, w2):
+    return F.linear(torch.relu(F.linear(x, w1)), w2)
+
+
+def test_a_cast_weight_transposed_twice_is_the_cast_weight():
+    """Under autocast the forward graph transposes each bf16 cast of a weight for its matmul
+    and transposes it back to save it for the backward: the two permutations cancel although
+    the inner one has another user (its matmul), so the saved tensor is the cast itself."""
+    g = torch.Generator().manual_seed(3)
+    inputs = [torch.randn(8, D, generator=g), torch.randn(D, D, generator=g) / 4, torch.randn(D, D, generator=g) / 4]
+    run = check_level(mlp, inputs, "aten_ir", autocast=BF16)
+    assert run.matched("fold_permute_chain") >= 1
+    assert run.ops(0)["permute"] < check_level(mlp, inputs, "aten_ir", passes="none", autocast=BF16).ops(0)["permute"]
