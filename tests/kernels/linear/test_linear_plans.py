@@ -368,12 +368,10 @@ def test_fp32_products_are_exact_unless_torch_allows_tf32(monkeypatch):
     glk = gl_kernel()
     assert glk._dot_f32(torch.bfloat16) is True  # interpreter mode (this module's fixture)
     monkeypatch.setattr(glk, "_INTERPRET", False)
-    prev = torch.backends.cuda.matmul.allow_tf32  # a property of torch's module: set, then restore
-    try:
-        torch.backends.cuda.matmul.allow_tf32 = False
+    from support import float32_matmul_precision  # every flag restored, whichever API set it before
+
+    with float32_matmul_precision("highest"):
         assert glk._dot_f32(torch.float32) is True
         assert glk._dot_f32(torch.bfloat16) is False
-        torch.backends.cuda.matmul.allow_tf32 = True
+    with float32_matmul_precision("high"):
         assert glk._dot_f32(torch.float32) is False
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = prev
