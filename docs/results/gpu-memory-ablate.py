@@ -15,7 +15,7 @@ import sys
 import torch
 
 import optimus
-from optimus.bench.external import get_bench_model
+from optimus.tools.bench.external import get_bench_model
 
 MiB = 2**20
 DEFAULT = [

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from optimus.kernels.embedding_bag import reference as eb_ref
 from optimus.kernels.layer_norm import reference as ln_ref
 from optimus.kernels.linear import reference as gl_ref
-from optimus.measure import peak_tensor_memory
+from optimus.tools.measure import peak_tensor_memory
 
 
 def _peak(fn):
