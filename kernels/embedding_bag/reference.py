@@ -121,7 +121,10 @@ def forward(weights: Sequence[Tensor], indices: Tensor, offsets: Optional[Tensor
     spans = table_spans(T, B, indices.numel(), offsets, bag_sizes)
     if check:
         check_indices(weights, indices, spans)
-    cols = []
+    # one [B, sum D_t] buffer, each table pooled into its column block (as the kernel writes it):
+    # no per-table result and no concatenation of them
+    out = torch.zeros(B, sum(w.shape[1] for w in weights), dtype=ct, device=w0.device)
+    col = 0
     for t, w in enumerate(weights):
         D = w.shape[1]
         a, n, bag = _table_entries(t, B, spans, offsets, bag_sizes, w.device)
@@ -131,9 +134,10 @@ def forward(weights: Sequence[Tensor], indices: Tensor, offsets: Optional[Tensor
         okf, okg, s = _scales(idx, bag, B, mode, pads[t], psw_t, ct, keep_pad_fwd=(mode == MODE_EMB))
         if mode == MODE_EMB:  # the padding row counts in the forward (F.embedding)
             s = torch.ones_like(s)
-        rows = w.index_select(0, idx).to(ct) * (s * okf.to(ct))[:, None]
-        cols.append(torch.zeros(B, D, dtype=ct, device=w.device).index_add_(0, bag, rows))
-    out = torch.cat(cols, 1) if cols else w0.new_zeros(B, 0, dtype=ct)
+        rows = w.index_select(0, idx).to(ct)  # a fresh tensor: scaled in place
+        rows.mul_((s * okf.to(ct))[:, None])
+        out[:, col:col + D].index_add_(0, bag, rows)
+        col += D
     return out.to(w0.dtype)
 
 
@@ -148,7 +152,11 @@ def backward(grad_out: Tensor, weights: Sequence[Tensor], indices: Tensor, offse
     ct = compute_dtype(dt)
     B = batch_size(T, indices.numel(), offsets, bag_sizes)
     spans = table_spans(T, B, indices.numel(), offsets, bag_sizes)
-    dense: List[Tensor] = []
+    # the dense gradients in one buffer, each table's accumulated into its own slice (as the
+    # kernel writes them): no per-table gradient and no concatenation of them
+    dense_flat = torch.zeros(sum(w.numel() for t, w in enumerate(weights) if need_w[t] and not sparse[t]),
+                             dtype=dt, device=w0.device)
+    dense_at = 0
     sp_vals: List[Tensor] = []
     sp_rows: List[Tensor] = []
     pswg = torch.zeros(indices.numel() if need_psw else 0, dtype=psw.dtype if psw is not None else dt,
@@ -167,7 +175,8 @@ def backward(grad_out: Tensor, weights: Sequence[Tensor], indices: Tensor, offse
         okf, okg, s = _scales(idx, bag, B, mode, pads[t], psw_t, ct, keep_pad_fwd=(mode == MODE_EMB))
         rows_g = g_t.index_select(0, bag)
         if need_w[t]:
-            contrib = rows_g * s[:, None]
+            # rows_g is a fresh tensor: scaled in place unless the psw gradient reads it below
+            contrib = rows_g * s[:, None] if (need_psw and mode == MODE_SUM) else rows_g.mul_(s[:, None])
             if sparse[t]:
                 cnt = int(index_counts[t]) if offsets is not None else B * bag_sizes[t]
                 if cnt != n:
@@ -176,12 +185,17 @@ def backward(grad_out: Tensor, weights: Sequence[Tensor], indices: Tensor, offse
                 sp_rows.append(torch.where(okg, idx, torch.full_like(idx, pad if pad >= 0 else 0)))
                 sp_vals.append(contrib.to(dt).reshape(-1))
             else:
-                gw = torch.zeros(N, D, dtype=ct, device=w.device).index_add_(0, idx[okg], contrib[okg])
-                dense.append(gw.to(dt).reshape(-1))
+                gw = dense_flat[dense_at:dense_at + N * D].view(N, D)
+                dense_at += N * D
+                # entries of the padding row get no gradient (without one, every entry counts: no masked copies)
+                rows_idx, rows_add = (idx[okg], contrib[okg]) if pads[t] >= 0 else (idx, contrib)
+                if ct == dt:
+                    gw.index_add_(0, rows_idx, rows_add)
+                else:  # 16-bit tables: accumulated in fp32 and rounded once, like the kernels
+                    gw.copy_(torch.zeros(N, D, dtype=ct, device=w.device).index_add_(0, rows_idx, rows_add))
         if need_psw and mode == MODE_SUM:
             dots = (rows_g * w.index_select(0, idx).to(ct)).sum(1) * okf.to(ct)
             pswg[a:a + n] = dots.to(pswg.dtype)
-    dense_flat = torch.cat(dense) if dense else w0.new_zeros(0)
     spv = torch.cat(sp_vals) if sp_vals else w0.new_zeros(0)
     spr = torch.cat(sp_rows) if sp_rows else torch.zeros(0, dtype=torch.int64, device=w0.device)
     return dense_flat, spv, spr, pswg

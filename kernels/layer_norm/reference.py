@@ -15,7 +15,6 @@ from typing import List
 import torch
 import torch.nn.functional as F
 
-from ..runtime.layout import columns_to_packed, packed_to_columns
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -36,13 +35,34 @@ def _offsets(sizes):
     return out, o
 
 
-def batched_layer_norm_packed(x, w, b, rows, widths, eps):
+def member_blocks(t, rows, widths, layout):
+    """Member g's (R_g, D_g) block of ``t`` as a view, in either layout: a range of the packed
+    buffer, or a column block of the (R, sum widths) matrix. The reference reads its operands and
+    writes its results through these views, so, like the kernels, it copies no operand into
+    another layout and builds no result out of per-member pieces: its whole-group buffers are the
+    op's outputs, its temporaries one member's."""
+    if layout == "columns":
+        cols, _ = _offsets(list(widths))
+        return [t[:, c: c + d] for c, d in zip(cols, widths)]
+    starts, _ = _offsets([r * d for r, d in zip(rows, widths)])
+    return [t[o: o + r * d].view(r, d) for o, r, d in zip(starts, rows, widths)]
+
+
+def _empty_like_layout(x, rows, widths, layout, dtype=None):
+    shape = (rows[0], sum(widths)) if layout == "columns" else (sum(r * d for r, d in zip(rows, widths)),)
+    return x.new_empty(shape, dtype=dtype if dtype is not None else x.dtype)
+
+
+def batched_layer_norm_layout(x, w, b, rows, widths, eps, layout):
+    """Forward in either layout (``"columns"``: x, y are (R, sum widths) matrices)."""
     ct = _compute_dtype(x.dtype)
-    ox, _ = _offsets([r * d for r, d in zip(rows, widths)])
     ow, _ = _offsets(list(widths))
-    ys, means, rstds = [], [], []
-    for g, (r, d) in enumerate(zip(rows, widths)):
-        xg = x[ox[g]: ox[g] + r * d].view(r, d).to(ct)
+    orow, tr = _offsets(list(rows))
+    y = _empty_like_layout(x, rows, widths, layout)
+    stats = torch.empty(2, tr, dtype=torch.float32, device=x.device)
+    for g, (xb, yb, r, d) in enumerate(zip(member_blocks(x, rows, widths, layout),
+                                           member_blocks(y, rows, widths, layout), rows, widths)):
+        xg = xb.to(ct)
         if d > 0:
             mean = xg.mean(dim=1)
             var = ((xg - mean[:, None]) ** 2).mean(dim=1)
@@ -50,58 +70,49 @@ def batched_layer_norm_packed(x, w, b, rows, widths, eps):
             mean = xg.new_zeros(r)
             var = xg.new_zeros(r)
         rstd = torch.rsqrt(var + eps)
-        y = (xg - mean[:, None]) * rstd[:, None]
+        yg = (xg - mean[:, None]) * rstd[:, None]
         if w is not None:
-            y = y * w[ow[g]: ow[g] + d].to(ct)
+            yg = yg * w[ow[g]: ow[g] + d].to(ct)
         if b is not None:
-            y = y + b[ow[g]: ow[g] + d].to(ct)
-        ys.append(y.to(x.dtype).reshape(-1))
-        means.append(mean.float())
-        rstds.append(rstd.float())
-    y = torch.cat(ys) if ys else x.new_empty(0)
-    stats = torch.stack([torch.cat(means), torch.cat(rstds)]) if means else x.new_empty(2, 0, dtype=torch.float32)
+            yg = yg + b[ow[g]: ow[g] + d].to(ct)
+        yb.copy_(yg)
+        stats[0, orow[g]: orow[g] + r] = mean
+        stats[1, orow[g]: orow[g] + r] = rstd
     return y, stats
 
 
-def batched_layer_norm_backward_packed(dy, x, w, stats, rows, widths, has_bias, need_dx, need_dw, need_db):
+def batched_layer_norm_packed(x, w, b, rows, widths, eps):
+    return batched_layer_norm_layout(x, w, b, rows, widths, eps, "packed")
+
+
+def batched_layer_norm_backward_layout(dy, x, w, stats, rows, widths, has_bias, need_dx, need_dw, need_db, layout):
+    """Backward in either layout: dx in x's layout, dw / db packed."""
     ct = _compute_dtype(x.dtype)
-    ox, tx = _offsets([r * d for r, d in zip(rows, widths)])
     ow, tw = _offsets(list(widths))
     orow, _ = _offsets(list(rows))
     pdt = w.dtype if w is not None else x.dtype
-    dxs, dws, dbs = [], [], []
-    for g, (r, d) in enumerate(zip(rows, widths)):
-        xg = x[ox[g]: ox[g] + r * d].view(r, d).to(ct)
-        dyg = dy[ox[g]: ox[g] + r * d].view(r, d).to(ct)
+    dx = _empty_like_layout(x, rows, widths, layout) if need_dx else x.new_empty(0)
+    dw = x.new_empty(tw if (need_dw and w is not None) else 0, dtype=pdt)
+    db = x.new_empty(tw if (need_db and has_bias) else 0, dtype=pdt)
+    dx_blocks = member_blocks(dx, rows, widths, layout) if need_dx else [None] * len(rows)
+    for g, (xb, dyb, dxb, r, d) in enumerate(zip(member_blocks(x, rows, widths, layout),
+                                                 member_blocks(dy, rows, widths, layout), dx_blocks, rows, widths)):
+        xg, dyg = xb.to(ct), dyb.to(ct)
         mean = stats[0, orow[g]: orow[g] + r].to(ct)
         rstd = stats[1, orow[g]: orow[g] + r].to(ct)
         xhat = (xg - mean[:, None]) * rstd[:, None]
         wdy = dyg * w[ow[g]: ow[g] + d].to(ct) if w is not None else dyg
-        if need_dx:
-            if d > 0:
-                c1 = (xhat * wdy).mean(dim=1, keepdim=True)
-                c2 = wdy.mean(dim=1, keepdim=True)
-                dxs.append(((wdy - (xhat * c1 + c2)) * rstd[:, None]).to(x.dtype).reshape(-1))
+        if need_dx and d > 0:
+            c1 = (xhat * wdy).mean(dim=1, keepdim=True)
+            c2 = wdy.mean(dim=1, keepdim=True)
+            dxb.copy_((wdy - (xhat * c1 + c2)) * rstd[:, None])
         if need_dw and w is not None:
-            dws.append((dyg * xhat).sum(0).to(pdt))
+            dw[ow[g]: ow[g] + d] = (dyg * xhat).sum(0)
         if need_db and has_bias:
-            dbs.append(dyg.sum(0).to(pdt))
-    dx = torch.cat(dxs) if dxs else x.new_empty(tx if need_dx else 0)
-    dw = torch.cat(dws) if dws else x.new_empty(tw if (need_dw and w is not None) else 0, dtype=pdt)
-    db = torch.cat(dbs) if dbs else x.new_empty(tw if (need_db and has_bias) else 0, dtype=pdt)
+            db[ow[g]: ow[g] + d] = dyg.sum(0)
     return dx, dw, db
 
 
-def batched_layer_norm_layout(x, w, b, rows, widths, eps, layout):
-    if layout == "packed":
-        return batched_layer_norm_packed(x, w, b, rows, widths, eps)
-    y, stats = batched_layer_norm_packed(columns_to_packed(x, widths), w, b, rows, widths, eps)
-    return packed_to_columns(y, rows[0], widths), stats
-
-
-def batched_layer_norm_backward_layout(dy, x, w, stats, rows, widths, has_bias, need_dx, need_dw, need_db, layout):
-    if layout == "packed":
-        return batched_layer_norm_backward_packed(dy, x, w, stats, rows, widths, has_bias, need_dx, need_dw, need_db)
-    dx, dw, db = batched_layer_norm_backward_packed(columns_to_packed(dy, widths), columns_to_packed(x, widths), w,
-                                                    stats, rows, widths, has_bias, need_dx, need_dw, need_db)
-    return packed_to_columns(dx, rows[0], widths), dw, db
+def batched_layer_norm_backward_packed(dy, x, w, stats, rows, widths, has_bias, need_dx, need_dw, need_db):
+    return batched_layer_norm_backward_layout(dy, x, w, stats, rows, widths, has_bias, need_dx, need_dw, need_db,
+                                              "packed")

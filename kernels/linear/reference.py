@@ -19,7 +19,6 @@ from typing import List, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..runtime.layout import columns_to_packed, packed_to_columns
 
 # activation name -> code used by the kernels (constexpr ACT)
 ACTIVATIONS = {"none": 0, "relu": 1, "gelu": 2, "silu": 3, "sigmoid": 4, "tanh": 5}
@@ -101,69 +100,75 @@ def _offsets(sizes):
     return out, o
 
 
-def grouped_linear_packed(x, w, b, ms, ks, ns, act):
-    ct = _compute_dtype(x.dtype)
-    ox, _ = _offsets([m * k for m, k in zip(ms, ks)])
-    ow, _ = _offsets([n * k for n, k in zip(ns, ks)])
-    ob, _ = _offsets(list(ns))
-    ys, zs = [], []
-    for g, (m, k, n) in enumerate(zip(ms, ks, ns)):
-        xg = x[ox[g]: ox[g] + m * k].view(m, k).to(ct)
-        wg = w[ow[g]: ow[g] + n * k].view(n, k).to(ct)
-        z = xg @ wg.t()
-        if b is not None:
-            z = z + b[ob[g]: ob[g] + n].to(ct)
-        ys.append(apply_activation(z, act).to(x.dtype).reshape(-1))
-        if act in NEEDS_PREACT:
-            zs.append(z.to(x.dtype).reshape(-1))  # rounded like the kernel's stored pre-activation
-    y = torch.cat(ys) if ys else x.new_empty(0)
-    z = (torch.cat(zs) if zs else x.new_empty(0)) if act in NEEDS_PREACT else x.new_empty(0)
-    return y, z
+def member_blocks(t, ms, widths, layout):
+    """Member g's (M_g, width_g) block of ``t`` as a view, in either layout: a range of the
+    packed buffer, or a column block of the (M, sum widths) matrix. The reference reads its
+    operands and writes its results through these views, so, like the kernels, it copies no
+    operand into another layout and builds no result out of per-member pieces: its whole-group
+    buffers are the op's outputs, its temporaries one member's."""
+    if layout == "columns":
+        cols, _ = _offsets(list(widths))
+        return [t[:, c: c + n] for c, n in zip(cols, widths)]
+    starts, _ = _offsets([m * n for m, n in zip(ms, widths)])
+    return [t[o: o + m * n].view(m, n) for o, m, n in zip(starts, ms, widths)]
 
 
-def grouped_linear_backward_packed(dy, x, w, aux, ms, ks, ns, act, has_bias, need_dx, need_dw, need_db):
-    ct = _compute_dtype(x.dtype)
-    ox, tx = _offsets([m * k for m, k in zip(ms, ks)])
-    ow, tw = _offsets([n * k for n, k in zip(ns, ks)])
-    ob, tb = _offsets(list(ns))
-    oy, _ = _offsets([m * n for m, n in zip(ms, ns)])
-    dxs, dws, dbs = [], [], []
-    for g, (m, k, n) in enumerate(zip(ms, ks, ns)):
-        dyg = dy[oy[g]: oy[g] + m * n].view(m, n).to(ct)
-        auxg = aux[oy[g]: oy[g] + m * n].view(m, n).to(ct) if aux is not None and act != "none" else None
-        dz = activation_grad(dyg, auxg, act)
-        if act != "none":
-            dz_op = dz.to(x.dtype).to(ct)  # the kernels feed dz to the GEMMs in the input dtype
-        else:
-            dz_op = dz
-        xg = x[ox[g]: ox[g] + m * k].view(m, k).to(ct)
-        wg = w[ow[g]: ow[g] + n * k].view(n, k).to(ct)
-        if need_dx:
-            dxs.append((dz_op @ wg).to(x.dtype).reshape(-1))
-        if need_dw:
-            dws.append((dz_op.t() @ xg).to(w.dtype).reshape(-1))
-        if need_db and has_bias:
-            dbs.append(dz.sum(0).to(w.dtype))
-    dx = torch.cat(dxs) if (need_dx and dxs) else x.new_empty(tx if need_dx else 0)
-    dw = torch.cat(dws) if (need_dw and dws) else w.new_empty(tw if need_dw else 0)
-    db = torch.cat(dbs) if (need_db and has_bias and dbs) else w.new_empty(tb if (need_db and has_bias) else 0)
-    return dx, dw, db
+def _empty_like_layout(x, ms, widths, layout, dtype=None):
+    shape = (ms[0], sum(widths)) if layout == "columns" else (sum(m * n for m, n in zip(ms, widths)),)
+    return x.new_empty(shape, dtype=dtype if dtype is not None else x.dtype)
 
 
 def grouped_linear_layout(x, w, b, ms, ks, ns, act, layout):
-    """``grouped_linear_packed`` in either layout (``"columns"``: x (M, sum K) -> y (M, sum N))."""
-    if layout == "packed":
-        return grouped_linear_packed(x, w, b, ms, ks, ns, act)
-    m = ms[0]
-    y, z = grouped_linear_packed(columns_to_packed(x, ks), w, b, ms, ks, ns, act)
-    return packed_to_columns(y, m, ns), packed_to_columns(z, m, ns)
+    """Forward in either layout (``"columns"``: x (M, sum K) -> y (M, sum N)); (y, pre-activation
+    or empty)."""
+    ct = _compute_dtype(x.dtype)
+    ow, _ = _offsets([n * k for n, k in zip(ns, ks)])
+    ob, _ = _offsets(list(ns))
+    y = _empty_like_layout(x, ms, ns, layout)
+    z = _empty_like_layout(x, ms, ns, layout) if act in NEEDS_PREACT else x.new_empty(0)
+    z_blocks = member_blocks(z, ms, ns, layout) if act in NEEDS_PREACT else [None] * len(ms)
+    for g, (xb, yb, zb, m, k, n) in enumerate(zip(member_blocks(x, ms, ks, layout), member_blocks(y, ms, ns, layout),
+                                                  z_blocks, ms, ks, ns)):
+        zg = xb.to(ct) @ w[ow[g]: ow[g] + n * k].view(n, k).to(ct).t()
+        if b is not None:
+            zg = zg + b[ob[g]: ob[g] + n].to(ct)
+        yb.copy_(apply_activation(zg, act))
+        if zb is not None:
+            zb.copy_(zg)  # rounded like the kernel's stored pre-activation
+    return y, z
+
+
+def grouped_linear_packed(x, w, b, ms, ks, ns, act):
+    return grouped_linear_layout(x, w, b, ms, ks, ns, act, "packed")
 
 
 def grouped_linear_backward_layout(dy, x, w, aux, ms, ks, ns, act, has_bias, need_dx, need_dw, need_db, layout):
-    if layout == "packed":
-        return grouped_linear_backward_packed(dy, x, w, aux, ms, ks, ns, act, has_bias, need_dx, need_dw, need_db)
-    m = ms[0]
-    dx, dw, db = grouped_linear_backward_packed(
-        columns_to_packed(dy, ns), columns_to_packed(x, ks), w,
-        columns_to_packed(aux, ns) if aux is not None else None, ms, ks, ns, act, has_bias, need_dx, need_dw, need_db)
-    return packed_to_columns(dx, m, ks), dw, db
+    """Backward in either layout: dx in x's layout, dw / db packed."""
+    ct = _compute_dtype(x.dtype)
+    ow, tw = _offsets([n * k for n, k in zip(ns, ks)])
+    ob, tb = _offsets(list(ns))
+    dx = _empty_like_layout(x, ms, ks, layout) if need_dx else x.new_empty(0)
+    dw = w.new_empty(tw if need_dw else 0)
+    db = w.new_empty(tb if (need_db and has_bias) else 0)
+    use_aux = aux is not None and act != "none"
+    aux_blocks = member_blocks(aux, ms, ns, layout) if use_aux else [None] * len(ms)
+    dx_blocks = member_blocks(dx, ms, ks, layout) if need_dx else [None] * len(ms)
+    for g, (dyb, xb, auxb, dxb, m, k, n) in enumerate(zip(member_blocks(dy, ms, ns, layout),
+                                                          member_blocks(x, ms, ks, layout), aux_blocks, dx_blocks,
+                                                          ms, ks, ns)):
+        dz = activation_grad(dyb.to(ct), auxb.to(ct) if auxb is not None else None, act)
+        # the kernels feed dz to the GEMMs in the input dtype
+        dz_op = dz.to(x.dtype).to(ct) if act != "none" else dz
+        wg = w[ow[g]: ow[g] + n * k].view(n, k).to(ct)
+        if need_dx:
+            dxb.copy_(dz_op @ wg)
+        if need_dw:
+            dw[ow[g]: ow[g] + n * k].view(n, k).copy_(dz_op.t() @ xb.to(ct))
+        if need_db and has_bias:
+            db[ob[g]: ob[g] + n] = dz.sum(0)
+    return dx, dw, db
+
+
+def grouped_linear_backward_packed(dy, x, w, aux, ms, ks, ns, act, has_bias, need_dx, need_dw, need_db):
+    return grouped_linear_backward_layout(dy, x, w, aux, ms, ks, ns, act, has_bias, need_dx, need_dw, need_db,
+                                          "packed")
