@@ -194,23 +194,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                 row = measure(name, mode, setting, args.passes)
                 rows.append(row)
                 if json_path:  # after every row: a long run interrupted keeps what it measured
-                    _write(json_path, rows)
+                    write_rows(json_path, rows)
                 print(f"{name:12} {mode:10} {setting:13} rewrites={row.get('rewrites')} crash={row['crash']} "
                       f"recompiled={row.get('recompiled')} ({row['time_s']} s)", file=sys.stderr, flush=True)
     if as_json:
-        print(json.dumps({"meta": _meta(), "rows": rows}, indent=1, default=str))
+        print(json.dumps({"meta": report_meta(), "rows": rows}, indent=1, default=str))
     else:
         print(table(rows))
     return 0
 
 
-def _meta() -> dict[str, Any]:
+def report_meta() -> dict[str, Any]:
+    """What every CPU report's JSON records about its run."""
     return {"date": datetime.date.today().isoformat(), "torch": torch.__version__, "device": "cpu", "size": "small"}
 
 
-def _write(path: str, rows: list[dict[str, Any]]) -> None:
+def write_rows(path: str, rows: list[dict[str, Any]]) -> None:
+    """The report's rows so far, with ``report_meta``, to ``path`` (rewritten after every row)."""
     with open(path, "w") as f:
-        json.dump({"meta": _meta(), "rows": rows}, f, indent=1, default=str)
+        json.dump({"meta": report_meta(), "rows": rows}, f, indent=1, default=str)
 
 
 if __name__ == "__main__":

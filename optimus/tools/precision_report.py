@@ -22,7 +22,6 @@ their report).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 import time
@@ -31,7 +30,7 @@ from typing import Any, Sequence
 import torch
 
 from .cli_json import add_json_arguments, json_targets
-from .dynamic_report import _fresh_caches, count_rewrites
+from .dynamic_report import _fresh_caches, count_rewrites, report_meta, write_rows
 
 MODES = {"inference": "infer", "training": "train"}  # this report's names, the bench's
 DEFAULT_PRECISIONS = ("fp32", "amp-bf16")
@@ -141,24 +140,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 row = measure(name, mode, precision, args.passes)
                 rows.append(row)
                 if json_path:  # after every row: a long run interrupted keeps what it measured
-                    _write(json_path, rows)
+                    write_rows(json_path, rows)
                 print(f"{name:12} {mode:10} {precision:9} rewrites={row.get('rewrites')} "
                       f"accurate={row.get('accurate')} crash={row['crash']} ({row['time_s']} s)",
                       file=sys.stderr, flush=True)
     if as_json:
-        print(json.dumps({"meta": _meta(), "rows": rows}, indent=1, default=str))
+        print(json.dumps({"meta": report_meta(), "rows": rows}, indent=1, default=str))
     else:
         print(table(rows))
     return 0
-
-
-def _meta() -> dict[str, Any]:
-    return {"date": datetime.date.today().isoformat(), "torch": torch.__version__, "device": "cpu", "size": "small"}
-
-
-def _write(path: str, rows: list[dict[str, Any]]) -> None:
-    with open(path, "w") as f:
-        json.dump({"meta": _meta(), "rows": rows}, f, indent=1, default=str)
 
 
 if __name__ == "__main__":

@@ -54,3 +54,18 @@ def test_bad_input(capsys) -> None:
     assert "unknown precision 'fp8'" in capsys.readouterr().err
     assert precision_report.main(["--modes", "fly"]) == 2
     assert "unknown mode 'fly'" in capsys.readouterr().err
+
+
+def test_json_out_keeps_every_row_with_the_runs_facts(tmp_path, monkeypatch) -> None:
+    """``--json-out`` writes the rows after each one, with the date, torch and size (the
+    CPU reports share ``dynamic_report.write_rows``)."""
+    import json
+
+    import torch
+
+    monkeypatch.setattr(precision_report, "measure", lambda name, mode, precision, passes: {"model": name, "mode": mode, "precision": precision, "rewrites": 3, "crash": None, "accurate": True, "time_s": 0.0})
+    out = tmp_path / "p.json"
+    assert precision_report.main(["--models", "dlrm", "--modes", "inference", "--json-out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert [r["precision"] for r in data["rows"]] == ["fp32", "amp-bf16"]
+    assert data["meta"]["torch"] == torch.__version__ and data["meta"]["size"] == "small"
