@@ -157,9 +157,9 @@ class GradFlow:
         """Why replacing each ``old`` by its ``new`` would change who gets a gradient, if it
         would: a result's ``requires_grad`` changes, or gradient from the replacements
         reaches a value that, in the graph as it is, gets gradient from the replaced values
-        only through a cut (or not at all), or (in a graph with a cut) an input or
-        parameter would get no gradient where eager gives it one (checked in graphs without a
-        cut too, where the rewrite leaves a value unused). The pairs count together: the members of a
+        only through a cut (or not at all), or an input or parameter would get no gradient
+        where eager gives it one (the whole-graph walk, in a graph with a cut or where the
+        rewrite may leave a value unused). The pairs count together: the members of a
         horizontal group are slices of one batched op whose backward reads every member's
         inputs, as the members together did."""
         if not self.active:
@@ -194,9 +194,9 @@ class GradFlow:
     def _may_drop_a_use(self, pairs: list[tuple[fx.Node, fx.Node]], built: set[fx.Node]) -> bool:
         """Whether the rewrite may leave a value that requires grad unused (and so an input
         or parameter behind it without a gradient): some input of a replaced node is used by
-        replaced nodes and unused nodes only, and read by no replacement. Cheap, and what tells when a graph
-        without cuts needs the whole-graph walk (``slice(cat([x, w]))`` -> ``x`` leaves ``w``
-        unused)."""
+        replaced nodes and unused nodes only, and read by no replacement. Cheap, and what
+        tells when a graph without cuts needs the whole-graph walk (``slice(cat([x, w]))`` ->
+        ``x`` leaves ``w`` unused)."""
         replaced = {old for old, _ in pairs}
         kept = {new for _, new in pairs} | {i for n in built for i in n.all_input_nodes}
         for old in replaced:
