@@ -15,6 +15,7 @@ from typing import List
 import torch
 import torch.nn.functional as F
 
+from ..runtime.layout import empty_like_layout, member_blocks
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -35,30 +36,12 @@ def _offsets(sizes):
     return out, o
 
 
-def member_blocks(t, rows, widths, layout):
-    """Member g's (R_g, D_g) block of ``t`` as a view, in either layout: a range of the packed
-    buffer, or a column block of the (R, sum widths) matrix. The reference reads its operands and
-    writes its results through these views, so, like the kernels, it copies no operand into
-    another layout and builds no result out of per-member pieces: its whole-group buffers are the
-    op's outputs, its temporaries one member's."""
-    if layout == "columns":
-        cols, _ = _offsets(list(widths))
-        return [t[:, c: c + d] for c, d in zip(cols, widths)]
-    starts, _ = _offsets([r * d for r, d in zip(rows, widths)])
-    return [t[o: o + r * d].view(r, d) for o, r, d in zip(starts, rows, widths)]
-
-
-def _empty_like_layout(x, rows, widths, layout, dtype=None):
-    shape = (rows[0], sum(widths)) if layout == "columns" else (sum(r * d for r, d in zip(rows, widths)),)
-    return x.new_empty(shape, dtype=dtype if dtype is not None else x.dtype)
-
-
 def batched_layer_norm_layout(x, w, b, rows, widths, eps, layout):
     """Forward in either layout (``"columns"``: x, y are (R, sum widths) matrices)."""
     ct = _compute_dtype(x.dtype)
     ow, _ = _offsets(list(widths))
     orow, tr = _offsets(list(rows))
-    y = _empty_like_layout(x, rows, widths, layout)
+    y = empty_like_layout(x, rows, widths, layout)
     stats = torch.empty(2, tr, dtype=torch.float32, device=x.device)
     for g, (xb, yb, r, d) in enumerate(zip(member_blocks(x, rows, widths, layout),
                                            member_blocks(y, rows, widths, layout), rows, widths)):
@@ -91,7 +74,7 @@ def batched_layer_norm_backward_layout(dy, x, w, stats, rows, widths, has_bias, 
     ow, tw = _offsets(list(widths))
     orow, _ = _offsets(list(rows))
     pdt = w.dtype if w is not None else x.dtype
-    dx = _empty_like_layout(x, rows, widths, layout) if need_dx else x.new_empty(0)
+    dx = empty_like_layout(x, rows, widths, layout) if need_dx else x.new_empty(0)
     dw = x.new_empty(tw if (need_dw and w is not None) else 0, dtype=pdt)
     db = x.new_empty(tw if (need_db and has_bias) else 0, dtype=pdt)
     dx_blocks = member_blocks(dx, rows, widths, layout) if need_dx else [None] * len(rows)

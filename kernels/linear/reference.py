@@ -19,6 +19,8 @@ from typing import List, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from ..runtime.layout import empty_like_layout, member_blocks
+
 
 # activation name -> code used by the kernels (constexpr ACT)
 ACTIVATIONS = {"none": 0, "relu": 1, "gelu": 2, "silu": 3, "sigmoid": 4, "tanh": 5}
@@ -100,32 +102,14 @@ def _offsets(sizes):
     return out, o
 
 
-def member_blocks(t, ms, widths, layout):
-    """Member g's (M_g, width_g) block of ``t`` as a view, in either layout: a range of the
-    packed buffer, or a column block of the (M, sum widths) matrix. The reference reads its
-    operands and writes its results through these views, so, like the kernels, it copies no
-    operand into another layout and builds no result out of per-member pieces: its whole-group
-    buffers are the op's outputs, its temporaries one member's."""
-    if layout == "columns":
-        cols, _ = _offsets(list(widths))
-        return [t[:, c: c + n] for c, n in zip(cols, widths)]
-    starts, _ = _offsets([m * n for m, n in zip(ms, widths)])
-    return [t[o: o + m * n].view(m, n) for o, m, n in zip(starts, ms, widths)]
-
-
-def _empty_like_layout(x, ms, widths, layout, dtype=None):
-    shape = (ms[0], sum(widths)) if layout == "columns" else (sum(m * n for m, n in zip(ms, widths)),)
-    return x.new_empty(shape, dtype=dtype if dtype is not None else x.dtype)
-
-
 def grouped_linear_layout(x, w, b, ms, ks, ns, act, layout):
     """Forward in either layout (``"columns"``: x (M, sum K) -> y (M, sum N)); (y, pre-activation
     or empty)."""
     ct = _compute_dtype(x.dtype)
     ow, _ = _offsets([n * k for n, k in zip(ns, ks)])
     ob, _ = _offsets(list(ns))
-    y = _empty_like_layout(x, ms, ns, layout)
-    z = _empty_like_layout(x, ms, ns, layout) if act in NEEDS_PREACT else x.new_empty(0)
+    y = empty_like_layout(x, ms, ns, layout)
+    z = empty_like_layout(x, ms, ns, layout) if act in NEEDS_PREACT else x.new_empty(0)
     z_blocks = member_blocks(z, ms, ns, layout) if act in NEEDS_PREACT else [None] * len(ms)
     for g, (xb, yb, zb, m, k, n) in enumerate(zip(member_blocks(x, ms, ks, layout), member_blocks(y, ms, ns, layout),
                                                   z_blocks, ms, ks, ns)):
@@ -147,7 +131,7 @@ def grouped_linear_backward_layout(dy, x, w, aux, ms, ks, ns, act, has_bias, nee
     ct = _compute_dtype(x.dtype)
     ow, tw = _offsets([n * k for n, k in zip(ns, ks)])
     ob, tb = _offsets(list(ns))
-    dx = _empty_like_layout(x, ms, ks, layout) if need_dx else x.new_empty(0)
+    dx = empty_like_layout(x, ms, ks, layout) if need_dx else x.new_empty(0)
     dw = w.new_empty(tw if need_dw else 0)
     db = w.new_empty(tb if (need_db and has_bias) else 0)
     use_aux = aux is not None and act != "none"

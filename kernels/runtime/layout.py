@@ -16,7 +16,7 @@ from typing import List, Optional, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["pack", "unpack", "fill_missing", "columns_to_packed", "packed_to_columns", "dense"]
+__all__ = ["pack", "unpack", "fill_missing", "columns_to_packed", "packed_to_columns", "dense", "member_blocks", "empty_like_layout"]
 
 
 def pack(tensors: Sequence[Tensor]) -> Tensor:
@@ -55,3 +55,30 @@ def packed_to_columns(t: Tensor, rows: int, widths: Sequence[int]) -> Tensor:
 def dense(t: Optional[Tensor], layout: str) -> Optional[Tensor]:
     """A column-layout operand as the kernels read it: row-major (a copy only where it is not)."""
     return t.contiguous() if (t is not None and layout == "columns") else t
+
+
+def _starts(sizes: Sequence[int]) -> List[int]:
+    out, o = [], 0
+    for n in sizes:
+        out.append(o)
+        o += n
+    return out
+
+
+def member_blocks(t: Tensor, rows: Sequence[int], widths: Sequence[int], layout: str) -> List[Tensor]:
+    """Member g's (rows[g], widths[g]) block of ``t`` as a view, in either layout: a range of
+    the packed buffer, or a column block of the (R, sum widths) matrix. The plain-torch
+    references read their operands and write their results through these views, so, like the
+    kernels, they copy no operand into another layout and build no result out of per-member
+    pieces: their whole-group buffers are the op's outputs, their temporaries one member's."""
+    if layout == "columns":
+        return [t[:, c: c + d] for c, d in zip(_starts(widths), widths)]
+    sizes = [r * d for r, d in zip(rows, widths)]
+    return [t[o: o + n].view(r, d) for o, n, r, d in zip(_starts(sizes), sizes, rows, widths)]
+
+
+def empty_like_layout(x: Tensor, rows: Sequence[int], widths: Sequence[int], layout: str,
+                      dtype: Optional[torch.dtype] = None) -> Tensor:
+    """An uninitialized whole-group buffer of ``(rows, widths)`` members in ``layout``."""
+    shape = (rows[0], sum(widths)) if layout == "columns" else (sum(r * d for r, d in zip(rows, widths)),)
+    return x.new_empty(shape, dtype=dtype if dtype is not None else x.dtype)
