@@ -7,9 +7,11 @@ For each row r of member g (width D = D_g)::
     mean_r = sum_j x_rj / D          var_r = sum_j (x_rj - mean_r)^2 / D       (fp32, two-pass)
     rstd_r = 1 / sqrt(var_r + eps)
     xhat   = (x - mean_r) * rstd_r
-    y      = xhat * w_g + b_g                                     (w, b optional)
+    z      = xhat * w_g + b_g                                     (w, b optional)
+    y      = act(z)                                  (the epilogue: none, relu, gelu, silu, sigmoid, tanh)
 
-Backward with ``wdy = dy * w_g`` (or dy without affine)::
+Backward with ``wdy = dy * w_g`` (or dy without affine), after ``dy <- dy * act'(z)``, z
+recomputed from x, the row statistics, w and b (nothing more is saved for the epilogue)::
 
     c1_r = sum_j xhat_rj * wdy_rj / D        c2_r = sum_j wdy_rj / D
     dx   = (wdy - (xhat * c1_r + c2_r)) * rstd_r
@@ -52,6 +54,8 @@ import triton
 import triton.language as tl
 
 from ..runtime import tables as _dt
+from ..runtime.activation import ACTIVATIONS
+from ..runtime.activation_jit import act_bwd as _act_bwd, act_fwd as _act_fwd
 from ..runtime.backend import cdiv, device_guard, interpret_mode, num_sms
 from ..runtime.checks import past_int32_limits
 from ..runtime.launch import launch as _launch_direct
@@ -98,7 +102,7 @@ def _sum(x, AXIS: tl.constexpr):
 # ---------------------------------------------------------------------------------------------
 @triton.jit
 def _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps,
-                 HAS_W: tl.constexpr, HAS_B: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
+                 HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACT: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
     cols = tl.arange(0, BD)
     cmask = cols < D
     if HAS_W:
@@ -122,6 +126,7 @@ def _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps,
             y = y * w[None, :]
         if HAS_B:
             y = y + b[None, :]
+        y = _act_fwd(y, ACT)
         tl.store(yb + offs, y.to(yb.dtype.element_ty), mask=m2)
         tl.store(mb + rows, mean, mask=rmask)
         tl.store(rb + rows, rstd, mask=rmask)
@@ -129,7 +134,7 @@ def _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps,
 
 @triton.jit
 def _ln_fwd_loop(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps,
-                 HAS_W: tl.constexpr, HAS_B: tl.constexpr, BD: tl.constexpr):
+                 HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACT: tl.constexpr, BD: tl.constexpr):
     cols0 = tl.arange(0, BD)
     for r in range(r0, r0 + nr):
         xr = xb + r * S
@@ -156,6 +161,7 @@ def _ln_fwd_loop(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps,
                 y = y * tl.load(wb + cols, mask=cm, other=0.0).to(tl.float32)
             if HAS_B:
                 y = y + tl.load(bb + cols, mask=cm, other=0.0).to(tl.float32)
+            y = _act_fwd(y, ACT)
             tl.store(yr + cols, y.to(yb.dtype.element_ty), mask=cm)
         tl.store(mb + r, mean)
         tl.store(rb + r, rstd)
@@ -163,7 +169,7 @@ def _ln_fwd_loop(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps,
 
 @triton.jit
 def _ln_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, stats_ptr, gtab_ptr, ctab_ptr, eps, TOT_ROWS,
-                   HAS_W: tl.constexpr, HAS_B: tl.constexpr, ALIGN: tl.constexpr,
+                   HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACT: tl.constexpr, ALIGN: tl.constexpr,
                    MIN_D: tl.constexpr, TILE: tl.constexpr, MAX_CLS: tl.constexpr):
     c = tl.program_id(0)
     crow = ctab_ptr + c * 4
@@ -193,47 +199,68 @@ def _ln_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, stats_ptr, gtab_ptr, ctab_ptr, ep
     mb = stats_ptr + rs
     rb = stats_ptr + TOT_ROWS + rs
     if cls == 0:
-        _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps, HAS_W, HAS_B, TILE // MIN_D, MIN_D)
+        _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps, HAS_W, HAS_B, ACT, TILE // MIN_D, MIN_D)
     if MAX_CLS >= 1:
         if cls == 1:
-            _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps, HAS_W, HAS_B, TILE // (MIN_D * 2), MIN_D * 2)
+            _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps, HAS_W, HAS_B, ACT, TILE // (MIN_D * 2), MIN_D * 2)
     if MAX_CLS >= 2:
         if cls == 2:
-            _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps, HAS_W, HAS_B, TILE // (MIN_D * 4), MIN_D * 4)
+            _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps, HAS_W, HAS_B, ACT, TILE // (MIN_D * 4), MIN_D * 4)
     if MAX_CLS >= 3:
         if cls == 3:
-            _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps, HAS_W, HAS_B, TILE // (MIN_D * 8), MIN_D * 8)
+            _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps, HAS_W, HAS_B, ACT, TILE // (MIN_D * 8), MIN_D * 8)
     if MAX_CLS >= 4:
         if cls == 4:
-            _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps, HAS_W, HAS_B, TILE // (MIN_D * 16), MIN_D * 16)
+            _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps, HAS_W, HAS_B, ACT, TILE // (MIN_D * 16), MIN_D * 16)
     if MAX_CLS >= 5:
         if cls == 5:
-            _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps, HAS_W, HAS_B, TILE // (MIN_D * 32), MIN_D * 32)
+            _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps, HAS_W, HAS_B, ACT, TILE // (MIN_D * 32), MIN_D * 32)
     if MAX_CLS >= 6:
         if cls == 6:
-            _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps, HAS_W, HAS_B, 1, TILE)
+            _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps, HAS_W, HAS_B, ACT, 1, TILE)
     if MAX_CLS >= 7:
         if cls == 7:
-            _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps, HAS_W, HAS_B, 1, TILE * 2)
+            _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps, HAS_W, HAS_B, ACT, 1, TILE * 2)
     if MAX_CLS >= 8:
         if cls == 8:
-            _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps, HAS_W, HAS_B, 1, TILE * 4)
+            _ln_fwd_tile(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps, HAS_W, HAS_B, ACT, 1, TILE * 4)
     if MAX_CLS >= 9:
         if cls == 9:
-            _ln_fwd_loop(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps, HAS_W, HAS_B, TILE)
+            _ln_fwd_loop(xb, yb, wb, bb, mb, rb, D, S, r0, nr, eps, HAS_W, HAS_B, ACT, TILE)
 
 
 # ---------------------------------------------------------------------------------------------
 # backward: dx per row, dW/db column sums per chunk -> partial slots
 # ---------------------------------------------------------------------------------------------
 @triton.jit
-def _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, S, r0, nr,
-                 HAS_W: tl.constexpr, HAS_B: tl.constexpr, NEED_DX: tl.constexpr,
-                 BR: tl.constexpr, BD: tl.constexpr):
+def _epilogue_grad(dy, z, ACT: tl.constexpr):
+    """dy of the norm's affine result from dy of the activation's output, at pre-activation z."""
+    aux = z  # act_bwd takes the output for relu / sigmoid / tanh, the pre-activation for gelu / silu
+    if ACT == 1 or ACT == 4 or ACT == 5:
+        aux = _act_fwd(z, ACT)
+    return _act_bwd(dy, aux, ACT)
+
+
+@triton.jit
+def _affine(xhat, wb, zbb, cols, cm, HAS_W: tl.constexpr, ACT_B: tl.constexpr):
+    z = xhat
+    if HAS_W:
+        z = z * tl.load(wb + cols, mask=cm, other=0.0).to(tl.float32)
+    if ACT_B:
+        z = z + tl.load(zbb + cols, mask=cm, other=0.0).to(tl.float32)
+    return z
+
+
+@triton.jit
+def _ln_bwd_tile(xb, dyb, dxb, wb, zbb, mb, rb, pw, pb, D, S, r0, nr,
+                 HAS_W: tl.constexpr, HAS_B: tl.constexpr, NEED_DX: tl.constexpr, ACT: tl.constexpr,
+                 ACT_B: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
     cols = tl.arange(0, BD)
     cmask = cols < D
     if HAS_W:
         w = tl.load(wb + cols, mask=cmask, other=0.0).to(tl.float32)
+    if ACT_B:
+        zb = tl.load(zbb + cols, mask=cmask, other=0.0).to(tl.float32)
     dw_acc = tl.full((BD,), 0.0, tl.float32)
     db_acc = tl.full((BD,), 0.0, tl.float32)
     rloc = tl.arange(0, BR)
@@ -248,6 +275,13 @@ def _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, S, r0, nr,
         mean = tl.load(mb + rows, mask=rmask, other=0.0)
         rstd = tl.load(rb + rows, mask=rmask, other=0.0)
         xhat = tl.where(m2, (x - mean[:, None]) * rstd[:, None], 0.0)
+        if ACT != 0:  # the epilogue's gradient, at the pre-activation recomputed from xhat
+            z = xhat
+            if HAS_W:
+                z = z * w[None, :]
+            if ACT_B:
+                z = z + zb[None, :]
+            dy = _epilogue_grad(dy, z, ACT)
         if HAS_W:
             wdy = dy * w[None, :]
             dw_acc += _sum(dy * xhat, 0)
@@ -267,8 +301,9 @@ def _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, S, r0, nr,
 
 
 @triton.jit
-def _ln_bwd_loop(xb, dyb, dxb, wb, mb, rb, pw, pb, D, S, r0, nr,
-                 HAS_W: tl.constexpr, HAS_B: tl.constexpr, NEED_DX: tl.constexpr, BD: tl.constexpr):
+def _ln_bwd_loop(xb, dyb, dxb, wb, zbb, mb, rb, pw, pb, D, S, r0, nr,
+                 HAS_W: tl.constexpr, HAS_B: tl.constexpr, NEED_DX: tl.constexpr, ACT: tl.constexpr,
+                 ACT_B: tl.constexpr, BD: tl.constexpr):
     cols0 = tl.arange(0, BD)
     # this chunk owns its partial slot: zero it, then accumulate row by row
     for c0 in range(0, D, BD):
@@ -291,6 +326,8 @@ def _ln_bwd_loop(xb, dyb, dxb, wb, mb, rb, pw, pb, D, S, r0, nr,
             x = tl.load(xr + cols, mask=cm, other=0.0).to(tl.float32)
             dy = tl.load(dyr + cols, mask=cm, other=0.0).to(tl.float32)
             xhat = tl.where(cm, (x - mean) * rstd, 0.0)
+            if ACT != 0:
+                dy = _epilogue_grad(dy, _affine(xhat, wb, zbb, cols, cm, HAS_W, ACT_B), ACT)
             if HAS_W:
                 wdy = dy * tl.load(wb + cols, mask=cm, other=0.0).to(tl.float32)
                 tl.store(pw + cols, tl.load(pw + cols, mask=cm, other=0.0) + dy * xhat, mask=cm)
@@ -309,6 +346,8 @@ def _ln_bwd_loop(xb, dyb, dxb, wb, mb, rb, pw, pb, D, S, r0, nr,
                 x = tl.load(xr + cols, mask=cm, other=0.0).to(tl.float32)
                 dy = tl.load(dyr + cols, mask=cm, other=0.0).to(tl.float32)
                 xhat = (x - mean) * rstd
+                if ACT != 0:
+                    dy = _epilogue_grad(dy, _affine(xhat, wb, zbb, cols, cm, HAS_W, ACT_B), ACT)
                 if HAS_W:
                     wdy = dy * tl.load(wb + cols, mask=cm, other=0.0).to(tl.float32)
                 else:
@@ -318,8 +357,9 @@ def _ln_bwd_loop(xb, dyb, dxb, wb, mb, rb, pw, pb, D, S, r0, nr,
 
 
 @triton.jit
-def _ln_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, stats_ptr, part_ptr, gtab_ptr, ctab_ptr, TOT_ROWS, TOT_PART,
-                   HAS_W: tl.constexpr, HAS_B: tl.constexpr, NEED_DX: tl.constexpr, ALIGN: tl.constexpr,
+def _ln_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, stats_ptr, part_ptr, gtab_ptr, ctab_ptr, TOT_ROWS, TOT_PART,
+                   HAS_W: tl.constexpr, HAS_B: tl.constexpr, NEED_DX: tl.constexpr, ACT: tl.constexpr,
+                   ACT_B: tl.constexpr, ALIGN: tl.constexpr,
                    MIN_D: tl.constexpr, TILE: tl.constexpr, MAX_CLS: tl.constexpr):
     c = tl.program_id(0)
     crow = ctab_ptr + c * 4
@@ -348,44 +388,47 @@ def _ln_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, stats_ptr, part_ptr, gtab_ptr, 
     wb = w_ptr
     if HAS_W:
         wb = w_ptr + tl.load(row + L_W)
+    zbb = b_ptr
+    if ACT_B:
+        zbb = b_ptr + tl.load(row + L_B)
     mb = stats_ptr + rs
     rb = stats_ptr + TOT_ROWS + rs
     pw = part_ptr + p_off + j * D
     pb = part_ptr + TOT_PART + p_off + j * D
     if cls == 0:
-        _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, S, r0, nr, HAS_W, HAS_B, NEED_DX, TILE // MIN_D, MIN_D)
+        _ln_bwd_tile(xb, dyb, dxb, wb, zbb, mb, rb, pw, pb, D, S, r0, nr, HAS_W, HAS_B, NEED_DX, ACT, ACT_B, TILE // MIN_D, MIN_D)
     if MAX_CLS >= 1:
         if cls == 1:
-            _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, S, r0, nr, HAS_W, HAS_B, NEED_DX,
+            _ln_bwd_tile(xb, dyb, dxb, wb, zbb, mb, rb, pw, pb, D, S, r0, nr, HAS_W, HAS_B, NEED_DX, ACT, ACT_B,
                          TILE // (MIN_D * 2), MIN_D * 2)
     if MAX_CLS >= 2:
         if cls == 2:
-            _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, S, r0, nr, HAS_W, HAS_B, NEED_DX,
+            _ln_bwd_tile(xb, dyb, dxb, wb, zbb, mb, rb, pw, pb, D, S, r0, nr, HAS_W, HAS_B, NEED_DX, ACT, ACT_B,
                          TILE // (MIN_D * 4), MIN_D * 4)
     if MAX_CLS >= 3:
         if cls == 3:
-            _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, S, r0, nr, HAS_W, HAS_B, NEED_DX,
+            _ln_bwd_tile(xb, dyb, dxb, wb, zbb, mb, rb, pw, pb, D, S, r0, nr, HAS_W, HAS_B, NEED_DX, ACT, ACT_B,
                          TILE // (MIN_D * 8), MIN_D * 8)
     if MAX_CLS >= 4:
         if cls == 4:
-            _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, S, r0, nr, HAS_W, HAS_B, NEED_DX,
+            _ln_bwd_tile(xb, dyb, dxb, wb, zbb, mb, rb, pw, pb, D, S, r0, nr, HAS_W, HAS_B, NEED_DX, ACT, ACT_B,
                          TILE // (MIN_D * 16), MIN_D * 16)
     if MAX_CLS >= 5:
         if cls == 5:
-            _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, S, r0, nr, HAS_W, HAS_B, NEED_DX,
+            _ln_bwd_tile(xb, dyb, dxb, wb, zbb, mb, rb, pw, pb, D, S, r0, nr, HAS_W, HAS_B, NEED_DX, ACT, ACT_B,
                          TILE // (MIN_D * 32), MIN_D * 32)
     if MAX_CLS >= 6:
         if cls == 6:
-            _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, S, r0, nr, HAS_W, HAS_B, NEED_DX, 1, TILE)
+            _ln_bwd_tile(xb, dyb, dxb, wb, zbb, mb, rb, pw, pb, D, S, r0, nr, HAS_W, HAS_B, NEED_DX, ACT, ACT_B, 1, TILE)
     if MAX_CLS >= 7:
         if cls == 7:
-            _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, S, r0, nr, HAS_W, HAS_B, NEED_DX, 1, TILE * 2)
+            _ln_bwd_tile(xb, dyb, dxb, wb, zbb, mb, rb, pw, pb, D, S, r0, nr, HAS_W, HAS_B, NEED_DX, ACT, ACT_B, 1, TILE * 2)
     if MAX_CLS >= 8:
         if cls == 8:
-            _ln_bwd_tile(xb, dyb, dxb, wb, mb, rb, pw, pb, D, S, r0, nr, HAS_W, HAS_B, NEED_DX, 1, TILE * 4)
+            _ln_bwd_tile(xb, dyb, dxb, wb, zbb, mb, rb, pw, pb, D, S, r0, nr, HAS_W, HAS_B, NEED_DX, ACT, ACT_B, 1, TILE * 4)
     if MAX_CLS >= 9:
         if cls == 9:
-            _ln_bwd_loop(xb, dyb, dxb, wb, mb, rb, pw, pb, D, S, r0, nr, HAS_W, HAS_B, NEED_DX, TILE)
+            _ln_bwd_loop(xb, dyb, dxb, wb, zbb, mb, rb, pw, pb, D, S, r0, nr, HAS_W, HAS_B, NEED_DX, ACT, ACT_B, TILE)
 
 
 @triton.jit
@@ -659,30 +702,37 @@ def _check_limits(sig):
         raise ValueError(sig.limit_reason)
 
 
-def launch_forward(sig, gtab, x, y, w, b, stats, eps, align):
+def launch_forward(sig, gtab, x, y, w, b, stats, eps, align, act="none"):
+    """y = act(layer_norm(x) * w + b) for all members; mean and rstd to ``stats``."""
     _check_limits(sig)
+    a = ACTIVATIONS[act]
     if sig.n_chunks == 0:
         return
     _run("fwd", None if _INTERPRET else _ln_fwd_tuned, _ln_fwd_kernel, (sig.n_chunks,),
          (x, y, w if w is not None else x, b if b is not None else x, stats, gtab, sig.chunk_table(x.device),
           float(eps), sig.tot_rows),
-         dict(HAS_W=w is not None, HAS_B=b is not None, ALIGN=align, MIN_D=MIN_D, TILE=TILE, MAX_CLS=sig.max_cls),
-         (sig.max_cls, sig.tot_rows, x.dtype, w is not None, b is not None, align))
+         dict(HAS_W=w is not None, HAS_B=b is not None, ACT=a, ALIGN=align, MIN_D=MIN_D, TILE=TILE,
+              MAX_CLS=sig.max_cls),
+         (sig.max_cls, sig.tot_rows, x.dtype, w is not None, b is not None, a, align))
 
 
-def launch_backward(sig, gtab, x, dy, dx, w, stats, dw, db, has_b, align):
-    """dx (if not None), dw (if w is not None), db (if has_b) for all members."""
+def launch_backward(sig, gtab, x, dy, dx, w, stats, dw, db, has_b, align, b=None, act="none"):
+    """dx (if not None), dw (if w is not None), db (if has_b) for all members; with an
+    activation, ``dy`` is the gradient of its output, and the kernel recomputes the
+    pre-activation from x, the statistics, w and the bias ``b``."""
     _check_limits(sig)
+    a = ACTIVATIONS[act]
+    act_b = bool(a) and b is not None
     dev = x.device
     has_w = w is not None
     if sig.n_chunks:
         part = torch.empty(2 * sig.tot_p if (has_w or has_b) else 1, dtype=torch.float32, device=dev)
         _run("bwd", None if _INTERPRET else _ln_bwd_tuned, _ln_bwd_kernel, (sig.n_chunks,),
-             (x, dy, dx if dx is not None else x, w if has_w else x, stats, part, gtab, sig.chunk_table(dev),
-              sig.tot_rows, sig.tot_p),
-             dict(HAS_W=has_w, HAS_B=has_b, NEED_DX=dx is not None, ALIGN=align, MIN_D=MIN_D, TILE=TILE,
-                  MAX_CLS=sig.max_cls),
-             (sig.max_cls, sig.tot_rows, x.dtype, has_w, has_b, dx is not None, align))
+             (x, dy, dx if dx is not None else x, w if has_w else x, b if act_b else x, stats, part, gtab,
+              sig.chunk_table(dev), sig.tot_rows, sig.tot_p),
+             dict(HAS_W=has_w, HAS_B=has_b, NEED_DX=dx is not None, ACT=a, ACT_B=act_b, ALIGN=align, MIN_D=MIN_D,
+                  TILE=TILE, MAX_CLS=sig.max_cls),
+             (sig.max_cls, sig.tot_rows, x.dtype, has_w, has_b, dx is not None, a, act_b, align))
     else:
         part = torch.zeros(1, dtype=torch.float32, device=dev)
     if (has_w or has_b) and sig.max_d > 0:
@@ -700,23 +750,24 @@ def _x_shape(sig):
     return (int(sig.R[0]), int(sig.tot_w)) if sig.layout == "columns" else (sig.tot_x,)
 
 
-def forward_packed(x, w, b, rows, widths, eps, layout="packed"):
+def forward_packed(x, w, b, rows, widths, eps, layout="packed", activation="none"):
     sig = signature(rows, widths, x.device, layout)
     if past_int32_limits(sig):
-        return ref.batched_layer_norm_layout(x, w, b, rows, widths, eps, layout)
+        return ref.batched_layer_norm_layout(x, w, b, rows, widths, eps, layout, activation)
     y = torch.empty(_x_shape(sig), dtype=x.dtype, device=x.device)
     stats = torch.empty(2, sig.tot_rows, dtype=torch.float32, device=x.device)
     ptr_or = x.data_ptr() | y.data_ptr()
     align = alignment(sig, x.dtype, ptr_or)
-    launch_forward(sig, sig.packed_table(x.device), x, y, w, b, stats, eps, align)
+    launch_forward(sig, sig.packed_table(x.device), x, y, w, b, stats, eps, align, activation)
     return y, stats
 
 
-def backward_packed(dy, x, w, stats, rows, widths, has_b, need_dx, need_dw, need_db, layout="packed"):
+def backward_packed(dy, x, w, stats, rows, widths, has_b, need_dx, need_dw, need_db, layout="packed",
+                    b=None, activation="none"):
     sig = signature(rows, widths, x.device, layout)
     if past_int32_limits(sig):
         return ref.batched_layer_norm_backward_layout(dy, x, w, stats, rows, widths, has_b, need_dx, need_dw,
-                                                      need_db, layout)
+                                                      need_db, layout, b, activation)
     dev = x.device
     dx = torch.empty(_x_shape(sig) if need_dx else (0,), dtype=x.dtype, device=dev)
     pdt = w.dtype if w is not None else x.dtype
@@ -726,7 +777,7 @@ def backward_packed(dy, x, w, stats, rows, widths, has_b, need_dx, need_dw, need
     ptr_or = x.data_ptr() | dy.data_ptr() | dx.data_ptr()
     align = alignment(sig, x.dtype, ptr_or)
     launch_backward(sig, sig.packed_table(dev), x, dy, dx if need_dx else None,
-                    w, stats, dw, db, has_b and need_db, align)
+                    w, stats, dw, db, has_b and need_db, align, b, activation)
     if not need_dw:
         dw = dw[:0]
     return dx, dw, db

@@ -15,6 +15,7 @@ from typing import List
 import torch
 import torch.nn.functional as F
 
+from ..runtime.activation import USES_OUTPUT, activation_grad, apply_activation
 from ..runtime.layout import empty_like_layout, member_blocks
 
 
@@ -36,8 +37,9 @@ def _offsets(sizes):
     return out, o
 
 
-def batched_layer_norm_layout(x, w, b, rows, widths, eps, layout):
-    """Forward in either layout (``"columns"``: x, y are (R, sum widths) matrices)."""
+def batched_layer_norm_layout(x, w, b, rows, widths, eps, layout, activation="none"):
+    """Forward in either layout (``"columns"``: x, y are (R, sum widths) matrices); ``activation``
+    is applied to the affine result (the kernels' epilogue)."""
     ct = _compute_dtype(x.dtype)
     ow, _ = _offsets(list(widths))
     orow, tr = _offsets(list(rows))
@@ -58,7 +60,7 @@ def batched_layer_norm_layout(x, w, b, rows, widths, eps, layout):
             yg = yg * w[ow[g]: ow[g] + d].to(ct)
         if b is not None:
             yg = yg + b[ow[g]: ow[g] + d].to(ct)
-        yb.copy_(yg)
+        yb.copy_(apply_activation(yg, activation))
         stats[0, orow[g]: orow[g] + r] = mean
         stats[1, orow[g]: orow[g] + r] = rstd
     return y, stats
@@ -68,8 +70,11 @@ def batched_layer_norm_packed(x, w, b, rows, widths, eps):
     return batched_layer_norm_layout(x, w, b, rows, widths, eps, "packed")
 
 
-def batched_layer_norm_backward_layout(dy, x, w, stats, rows, widths, has_bias, need_dx, need_dw, need_db, layout):
-    """Backward in either layout: dx in x's layout, dw / db packed."""
+def batched_layer_norm_backward_layout(dy, x, w, stats, rows, widths, has_bias, need_dx, need_dw, need_db, layout,
+                                       b=None, activation="none"):
+    """Backward in either layout: dx in x's layout, dw / db packed. With an ``activation``,
+    ``dy`` is the gradient of its output, taken at the pre-activation recomputed from x, the
+    statistics, w and the bias ``b`` (as the kernels do)."""
     ct = _compute_dtype(x.dtype)
     ow, tw = _offsets(list(widths))
     orow, _ = _offsets(list(rows))
@@ -84,6 +89,10 @@ def batched_layer_norm_backward_layout(dy, x, w, stats, rows, widths, has_bias, 
         mean = stats[0, orow[g]: orow[g] + r].to(ct)
         rstd = stats[1, orow[g]: orow[g] + r].to(ct)
         xhat = (xg - mean[:, None]) * rstd[:, None]
+        if activation != "none":
+            z = xhat * w[ow[g]: ow[g] + d].to(ct) if w is not None else xhat
+            z = z + b[ow[g]: ow[g] + d].to(ct) if b is not None else z
+            dyg = activation_grad(dyg, apply_activation(z, activation) if activation in USES_OUTPUT else z, activation)
         wdy = dyg * w[ow[g]: ow[g] + d].to(ct) if w is not None else dyg
         if need_dx and d > 0:
             c1 = (xhat * wdy).mean(dim=1, keepdim=True)

@@ -12,6 +12,8 @@ tables.py        device-resident int64 tables: asynchronous, capture-safe upload
                  what they encode
 plans.py         the eager paths' per-signature plans, table fills and lean ``Function.apply``
 params.py        parameters read in place where they lie concatenated (the ``*_params`` ops)
+activation.py    the fusable activations: names, kernel codes, plain-torch forward and gradient
+activation_jit.py  the same activations as Triton epilogues (``act_fwd``, ``act_bwd``)
 
 A family imports from here (and torch, triton, numpy), never from another family.
 """

@@ -604,6 +604,23 @@ def _layer_norm_key(call: Call, view: GraphView) -> Hashable:
     return ("batched_layer_norm", tuple(m[:2] for m in metas), str(out), float(a["eps"]), w is not None, bias is not None)  # type: ignore[index]
 
 
+def _norm_epilogue(g: Group) -> tuple[str | None, list[fx.Node] | None]:
+    """The activation every norm's result goes through alone, where the kernel's epilogue
+    computes it as eager does. Where the norm's result is rounded to a narrower dtype than it is
+    computed in (a bf16 input with fp32 affines: eager computes in fp32 and rounds), eager
+    applies the activation to the rounded value: relu only, which commutes with the rounding,
+    is fused."""
+    act, nodes = _shared_epilogue(g)
+    if act is None:
+        return None, None
+    a0 = g.members[0].args
+    dtypes = {_kernel_dtype(g.view, v) for v in (g.members[0].input, a0["weight"], a0["bias"]) if v is not None}
+    rounded = len(dtypes) > 1 and _result_dtype(g) != compute_dtype(*dtypes)
+    if rounded and act != "relu":
+        return None, None
+    return act, nodes
+
+
 def _layer_norm_shapes_differ(g: Group) -> str | None:
     """Uniform groups are batch_layer_norm's, except in the column layout (read in place; see
     ``_linear_shapes_differ``)."""
@@ -627,9 +644,16 @@ def batched_layer_norm(g: Group, b: Builder) -> dict[fx.Node, fx.Node]:
 
     [layer_norm(x_i, (d_i,), w_i, b_i, eps)] -> unpack(optimus.batched_layer_norm(pack(x_i), pack(w_i), pack(b_i), rows, widths, eps))
     [layer_norm(split(x, ds, -1)[i], ...)] -> split(optimus.batched_layer_norm(x, ..., "columns"), ds, -1)
+    [relu(layer_norm(x_i, ...))] -> the same with the kernel's relu epilogue (also gelu, silu,
+    sigmoid, tanh)
+
+    The epilogue's backward recomputes the pre-activation from what the norm saves anyway (x,
+    its statistics, w, b): the activation's own kernels, what it saved, and the full-group
+    gradient buffer between its backward and the norm's are gone.
     """
     a0 = g.members[0].args
-    olds = list(g.nodes)
+    act, act_nodes = _norm_epilogue(g)
+    olds = list(act_nodes if act_nodes is not None else g.nodes)
     xs = [c.input for c in g.members]
     ws = [c.args["weight"] for c in g.members] if a0["weight"] is not None else None
     bs = [c.args["bias"] for c in g.members] if a0["bias"] is not None else None
@@ -647,7 +671,8 @@ def batched_layer_norm(g: Group, b: Builder) -> dict[fx.Node, fx.Node]:
     p_cast = compute if compute is not None and any(_kernel_dtype(g.view, p[0]) != compute for p in param_lists) else None
     casts = (x_cast is not None) + (p_cast is not None) * len(param_lists) + (compute is not None)
     in_place = bool(param_lists) and p_cast is None and not _param_copies(g.view, param_lists)  # packed by pack_parameters
-    _check_profitable(g, len(g.members), ([] if columns is not None else [xs]) + ([] if in_place else param_lists), extra=casts)
+    before = len(g.members) * (2 if act is not None else 1)
+    _check_profitable(g, before, ([] if columns is not None else [xs]) + ([] if in_place else param_lists), extra=casts)
     eps = float(a0["eps"])
     x, layout = _emit_input(b, columns, xs, shapes, x_cast)  # type: ignore[arg-type]
     if columns is not None:  # one row count for every member, symbolic or not
@@ -656,10 +681,11 @@ def batched_layer_norm(g: Group, b: Builder) -> dict[fx.Node, fx.Node]:
         rows = [math.prod(s[:-1]) for s in shapes]  # type: ignore[index]
     if in_place:
         out = b.emit("batched_layer_norm_params", x, [b.value(v) for v in ws or []], [b.value(v) for v in bs or []],
-                     rows, widths, eps, layout)
+                     rows, widths, eps, layout, act or "none")
     else:
         out = b.emit("batched_layer_norm", x, _cast(b, _pack(b, ws), p_cast) if ws is not None else None,
-                     _cast(b, _pack(b, bs), p_cast) if bs is not None else None, rows, widths, eps, layout)
+                     _cast(b, _pack(b, bs), p_cast) if bs is not None else None, rows, widths, eps, layout,
+                     act or "none")
     y = b.getitem(out, 0)
     results = _emit_results(b, _cast(b, y, _result_dtype(g)) if compute is not None else y, columns, shapes)  # type: ignore[arg-type]
     return dict(zip(olds, results))

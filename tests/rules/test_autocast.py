@@ -84,7 +84,8 @@ EXPECTED = {
     ("towers_over_unbind", "aten_ir"): {"batch_mm", "batch_pointwise", "unbind_stack_to_view", "fold_permute_chain"},
     ("linears_of_one_input", "torch_ir"): {"batch_linear_lhs"},
     ("linears_of_one_input", "aten_ir"): {"batch_mm"},
-    ("hetero_towers", "torch_ir"): {"grouped_linear", "batched_layer_norm", "hoist_pointwise_through_split", "split_cat_to_identity"},
+    # the towers' ReLUs are the norm's epilogue (nothing left to hoist through the split)
+    ("hetero_towers", "torch_ir"): {"grouped_linear", "batched_layer_norm", "split_cat_to_identity"},
 }
 PROGRAMS = {f.__name__: f for f in (towers_over_split, towers_over_unbind, linears_of_one_input, hetero_towers)}
 

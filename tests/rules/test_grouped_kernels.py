@@ -83,13 +83,13 @@ def test_torch_ir_towers_become_one_grouped_linear_and_one_batched_layer_norm(in
         rows *= s
     assert gl[3:] == ([rows] * len(ins), list(ins), list(outs), "none", "columns")
     (ln,) = custom_calls(run.graphs[0], "batched_layer_norm")
-    assert ln[3:] == ([rows] * len(ins), list(outs), 1e-5, "columns")
+    assert ln[3:] == ([rows] * len(ins), list(outs), 1e-5, "columns", "relu")
     assert run.matched("grouped_linear") == 1 and run.matched("batched_layer_norm") == 1
     # the column layout: the op reads the input where it lies, the LayerNorm reads the grouped
-    # linear's result in place, and the towers' ReLUs and cat become one ReLU of the norm's result
-    # (the four cats left pack the parameters: W, b and the norms' w, b; packed parameters go
-    # to the parameter-list ops instead, tests/test_packing.py)
-    assert ops["cat"] == 4 and ops["relu"] == 1 and ops.get("split", 0) == 0, ops
+    # linear's result in place, the towers' ReLUs are the norm's epilogue and its result is the
+    # towers' cat (the four cats left pack the parameters: W, b and the norms' w, b; packed
+    # parameters go to the parameter-list ops instead, tests/test_packing.py)
+    assert ops["cat"] == 4 and ops.get("relu", 0) == 0 and ops.get("split", 0) == 0, ops
     x = gl[0] if gl[0].op == "placeholder" else gl[0].args[0]
     assert x.op == "placeholder", gl[0]
     src = ln[0] if ln[0].target is not torch.ops.aten.reshape.default and ln[0].op != "call_method" else ln[0].args[0]
@@ -114,9 +114,9 @@ def test_shared_activation_is_fused_into_the_epilogue(act, name):
     assert_close_tree((run.outputs, run.grads), expected, rtol=1e-4, atol=1e-5)  # another order of fp32 sums
     (gl,) = custom_calls(run.graphs[0], "grouped_linear")
     assert gl[6] == name
-    # only the towers' final relus (after the LayerNorm) are left, as one ReLU of the norm's
-    # column-layout result (hoisted through its split)
-    assert run.ops(0)[name] == (1 if name == "relu" else 0), run.ops(0)
+    # the towers' final relus (after the LayerNorm) are the norm's epilogue
+    (ln,) = custom_calls(run.graphs[0], "batched_layer_norm")
+    assert ln[7] == "relu" and run.ops(0).get(name, 0) == 0, run.ops(0)
 
 
 def test_tanh_approximate_gelu_and_mixed_activations_are_not_fused():
@@ -302,7 +302,7 @@ def test_a_symbolic_batch_groups_towers_over_one_split():
     run = check_level(f, [torch.randn(4, 25)] + ps, "torch_ir", dynamic="batch")
     (gl,) = custom_calls(run.graphs[0], "grouped_linear")
     (ln,) = custom_calls(run.graphs[0], "batched_layer_norm")
-    assert gl[-1] == ln[-1] == "columns"
+    assert gl[-1] == ln[6] == "columns"
     rows = gl[3]
     assert len({id(r) for r in rows}) == 1 and isinstance(rows[0], torch.fx.Node) and rows[0].target is torch.ops.aten.sym_size.int
 
@@ -557,3 +557,68 @@ def test_uniform_towers_over_one_split_take_the_grouped_op_when_the_bmm_is_decli
     (gl,) = custom_calls(run.graphs[0], "grouped_linear")
     assert gl[-1] == "columns"
     assert run.matched("batch_linear") == 0
+
+
+def _norm_towers(widths, acts, extra_use=False):
+    """LayerNorms of distinct widths over the chunks of one input, each followed by its
+    activation; ``extra_use``: the first norm's result is also returned (so its activation
+    cannot be fused into the kernel)."""
+    n = len(widths)
+
+    def f(x, *p):
+        ws, bs = p[:n], p[n:]
+        hs = [F.layer_norm(c, (c.shape[-1],), w, b) for c, w, b in zip(x.split(widths, -1), ws, bs)]
+        ys = [act(h) for act, h in zip(acts, hs)]
+        return [torch.cat(ys, -1)] + ([hs[0]] if extra_use else [])
+
+    def inputs(lead, dtype=torch.float32):
+        g = torch.Generator().manual_seed(sum(widths) + len(lead))
+        return [torch.randn(*lead, sum(widths), generator=g).to(dtype)] + \
+            [torch.randn(d, generator=g) * 0.5 + 1 for d in widths] + [torch.randn(d, generator=g) for d in widths]
+
+    return f, inputs
+
+
+WIDTHS = [3, 8, 5, 16, 4, 6, 7, 2]  # enough members to group without the epilogue too
+
+
+@pytest.mark.parametrize("lead", [(6,), (2, 3)])
+@pytest.mark.parametrize("name", ["relu", "gelu", "silu", "sigmoid", "tanh"])
+def test_the_activation_after_every_norm_is_the_kernel_epilogue(name, lead):
+    act = {"relu": torch.relu, "gelu": F.gelu, "silu": F.silu, "sigmoid": torch.sigmoid, "tanh": torch.tanh}[name]
+    f, inputs = _norm_towers(WIDTHS, [act] * len(WIDTHS))
+    run = check_level(f, inputs(lead), "torch_ir")  # outputs and gradients against eager
+    (ln,) = custom_calls(run.graphs[0], "batched_layer_norm")
+    assert ln[7] == name and run.ops(0).get(name, 0) == 0 and run.ops(0)["layer_norm"] == 0, run.ops(0)
+
+
+@pytest.mark.parametrize("acts,why", [
+    ([torch.relu, torch.relu, torch.sigmoid] + [torch.relu] * 5, "the members' activations differ"),
+    ([lambda h: F.gelu(h, approximate="tanh")] * 8, "the kernel's gelu is the erf one"),
+])
+def test_norms_keep_activations_the_epilogue_does_not_take(acts, why):
+    f, inputs = _norm_towers(WIDTHS, acts)
+    run = check_level(f, inputs((6,)), "torch_ir")
+    (ln,) = custom_calls(run.graphs[0], "batched_layer_norm")
+    assert ln[7] == "none", why
+
+
+def test_a_norm_whose_result_is_used_elsewhere_keeps_its_activation():
+    f, inputs = _norm_towers(WIDTHS, [torch.relu] * len(WIDTHS), extra_use=True)
+    run = check_level(f, inputs((6,)), "torch_ir")
+    (ln,) = custom_calls(run.graphs[0], "batched_layer_norm")
+    assert ln[7] == "none" and run.ops(0)["relu"] >= 1
+
+
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16])
+@pytest.mark.parametrize("name", ["relu", "sigmoid"])
+def test_mixed_dtype_norms_fuse_what_commutes_with_their_rounding(name, autocast):
+    """bf16 inputs with fp32 affines compute in fp32, and eager rounds the norm to bf16 (also
+    under CPU autocast) before the activation: relu commutes with that rounding and is fused,
+    sigmoid does not and stays outside the kernel."""
+    act = {"relu": torch.relu, "sigmoid": torch.sigmoid}[name]
+    f, inputs = _norm_towers(WIDTHS, [act] * len(WIDTHS))
+    run = check_level(f, inputs((6,), torch.bfloat16), "torch_ir", autocast=autocast)
+    (ln,) = custom_calls(run.graphs[0], "batched_layer_norm")
+    assert ln[7] == (name if name == "relu" else "none")
+    assert (run.ops(0).get(name, 0) == 0) == (name == "relu"), run.ops(0)
