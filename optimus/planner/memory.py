@@ -435,6 +435,18 @@ class Liveness:
         earlier = self._input_keys(node)
         return sum(self.size[k] for k in dict.fromkeys(self.keys.get(node, ())) if k not in earlier)
 
+    def gradient_bytes(self, members: Sequence[fx.Node]) -> int:
+        """In a training graph, the bytes of the output gradients a group of ``members``
+        holds at once in its backward (the storages they create that need a gradient); 0 in
+        any other graph."""
+        if not self.saved_for_backward:
+            return 0
+        total = 0
+        for m in members:
+            earlier = self._input_keys(m)
+            total += sum(self.size[k] for k in dict.fromkeys(self.keys.get(m, ())) if k in self.grad and k not in earlier)
+        return total
+
     # ------------------------------------------------------------------ one curve
     ORDERS = ("graph", "dfs", "freeing_first")
 
@@ -755,6 +767,12 @@ class Liveness:
 
 
 MEMORY_SLACK = 256 * 2**10  # bytes any graph may add regardless of its allowance (a tiny graph's 2% is nothing)
+# The memory target of a step: Inductor's peak + 2%, and at least 8 MiB (2% of 400 MiB) for
+# smaller steps, where 2% is less than one activation of a realistic batch. The Torch-IR graph is
+# the step (its training estimate covers the backward): it takes that allowance, less what each
+# later level may still add on a small graph (MEMORY_SLACK for the Aten-IR forward and backward
+# and for Inductor-IR's merges).
+STEP_SLACK = 8 * 2**20 - 3 * MEMORY_SLACK
 
 
 class MemoryBudget:
@@ -762,6 +780,7 @@ class MemoryBudget:
 
     def __init__(self, base_peak: float, allowed_increase: float, slack_bytes: float = 0.0) -> None:
         self.base_peak = base_peak
+        self.slack_bytes = slack_bytes
         # a fraction of the peak, but never less than ``slack_bytes`` (tiny graphs)
         self.allowed = base_peak + max(base_peak * allowed_increase, slack_bytes)
 

@@ -18,7 +18,8 @@ compile. The planner decides three things, each reported:
    training graph, activations saved for the backward and the group's gradients held at
    once; in AOTAutograd's training forward, saved results the backward can no longer free
    one member at a time); a group that would raise the graph's peak (as the planner first
-   saw it) by more than ``memory_increase`` (2%, or ``MEMORY_SLACK`` on tiny graphs) is
+   saw it) by more than ``memory_increase`` (2%; on small graphs ``STEP_SLACK``, about 8 MiB,
+   at Torch-IR, where the graph is the whole step, and ``MEMORY_SLACK`` at the later levels) is
    cut into chunks that fit (``order`` puts members reading one input smallest result
    first; the driver tries each chunk as a group of its own), or declined when not even
    ``min_group`` members fit, or when its members read consecutive parts of one tensor
@@ -53,13 +54,13 @@ from ..core.symbolic import size_hint
 from ..core.view import GraphView
 from ..core.vocab import ParamRef
 from . import costmodel, estimate, tune
-from .memory import MEMORY_SLACK, Liveness, MemoryBudget
+from .memory import MEMORY_SLACK, STEP_SLACK, Liveness, MemoryBudget
 
 # Rules that merge independent kernels run the merged kernel where the first ran, so the
 # second's outputs (and what it needs) are live earlier: unbounded, on towers32 inference
 # these fusions alone took the H200's peak memory to 1.94x Inductor's. The planner bounds
 # every rule that has a ``memory_increase`` option by it (``rule_options``).
-MEMORY_INCREASE = 0.02  # groups may raise a graph's estimated peak by at most 2%, or MEMORY_SLACK on tiny graphs
+MEMORY_INCREASE = 0.02  # groups may raise a graph's estimated peak by at most 2%, or its slack on small graphs
 # A cut of a group over consecutive parts of one tensor turns each chunk's stack into a slice
 # of that tensor. On the H200 such cuts on splitcat inference gave a wrong result that the CPU
 # did not reproduce (docs/planner.md, "Memory"); until the cause is known, they are declined.
@@ -257,8 +258,28 @@ class Planner:
                 report.notes.append(note)
             return
         if self._budget is None or self._budget_graph is not view.graph:
-            self._budget = MemoryBudget(live.peak, self.memory_increase, MEMORY_SLACK)
+            self._budget = MemoryBudget(live.peak, self.memory_increase, self._slack(view))
             self._budget_graph = view.graph
+
+    @staticmethod
+    def _slack(view: GraphView) -> int:
+        """Bytes a graph may add however small its peak: the step's allowance at Torch-IR,
+        where the graph is the step, a sliver at the later levels (see ``STEP_SLACK``)."""
+        return STEP_SLACK if view.level == "torch_ir" else MEMORY_SLACK
+
+    def _budget_for(self, view: GraphView, members: list[fx.Node]) -> MemoryBudget:
+        """The graph's budget for a group of ``members``. A training group's backward holds
+        the output gradients of all its members at once; the estimate credits it with what
+        the ops depending on every member saved and have freed by then. Past the later
+        levels' sliver that credit decides more than it has been measured to bear (mmoe's
+        six expert projections, 24 MiB of gradients, were estimated within the step's
+        allowance and measured 23.7 MiB over Inductor's peak), so a group whose gradients
+        alone exceed the step's allowance is judged with the sliver (``MEMORY_SLACK``)."""
+        budget = self._budget
+        assert budget is not None
+        if budget.slack_bytes > MEMORY_SLACK and self._liveness(view).gradient_bytes(members) > budget.slack_bytes:
+            return MemoryBudget(budget.base_peak, self.memory_increase, MEMORY_SLACK)
+        return budget
 
     def _liveness(self, view: GraphView) -> Liveness:
         """The current graph's liveness (rebuilt after each accepted group)."""
@@ -266,8 +287,10 @@ class Planner:
             self._live = Liveness(view.graph, saved_for_backward=self._training, view=view, outputs_saved=self._outputs_saved)
         return self._live
 
-    def _peak_with(self, view: GraphView, members: list[fx.Node], copies: list[list[Any]] | None, custom_op: bool = False) -> float:
-        allowed = self._budget.allowed if self._budget is not None else None
+    def _peak_with(self, view: GraphView, members: list[fx.Node], copies: list[list[Any]] | None, custom_op: bool = False,
+                   budget: MemoryBudget | None = None) -> float:
+        budget = budget or self._budget
+        allowed = budget.allowed if budget is not None else None
         return self._liveness(view).with_group(members, self._stacked_inputs(view, members, copies), allowed=allowed, opaque_backward=custom_op)
 
     @staticmethod
@@ -333,8 +356,8 @@ class Planner:
         (0: not even ``min_group`` fit) and why."""
         if self._budget is None or len(members) < 2:
             return None
-        budget = self._budget
-        whole = self._peak_with(view, members, copies, custom_op)
+        budget = self._budget_for(view, members)
+        whole = self._peak_with(view, members, copies, custom_op, budget)
         if budget.fits(whole):
             return None
         cut = not self._reads_parts_of_one_tensor(view, members)
@@ -346,14 +369,14 @@ class Planner:
             lo, hi = max(2, min_group), len(members) - 1
             while lo <= hi:
                 size = (lo + hi) // 2
-                if budget.fits(self._peak_with(view, members[:size], copies, custom_op)):
+                if budget.fits(self._peak_with(view, members[:size], copies, custom_op, budget)):
                     k, lo = size, size + 1
                 else:
                     hi = size - 1
         rise = budget.increase(whole) / 2**20
         why = (
             f"memory: all {len(members)} at once would raise the graph's estimated peak by {rise:.2f} MiB "
-            f"to {whole / 2**20:.2f} MiB (allowed: {self.memory_increase:.0%} or {MEMORY_SLACK // 2**10} KiB)"
+            f"to {whole / 2**20:.2f} MiB (allowed: {self.memory_increase:.0%} or {budget.slack_bytes // 2**10:.0f} KiB)"
         )
         if not cut:
             return 0, why + f"; not cut: its members read consecutive parts of one tensor ({CUT_PARTS_WHY})"

@@ -60,6 +60,15 @@ def _ops(gm):
     return [n.target.__name__ if callable(n.target) else str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
 
 
+@pytest.fixture
+def sliver_budget(monkeypatch):
+    """Torch-IR graphs budgeted like the later levels' (2% or 256 KiB), not with the step's
+    8 MiB: the cutting and declining below are shown on graphs of a few hundred KiB."""
+    from optimus.planner import memory, plan
+
+    monkeypatch.setattr(plan, "STEP_SLACK", memory.MEMORY_SLACK)
+
+
 @pytest.mark.parametrize("cudagraphs", [False, True])
 def test_small_group_is_taken_and_large_copy_heavy_group_declined(cudagraphs):
     roomy = dict(profile=H200ISH, memory_increase=100.0)  # memory is not what this test judges
@@ -270,6 +279,7 @@ def test_training_keeps_activations_for_the_backward_and_a_group_holds_all_gradi
     assert abs(training.with_group(members) - training.peak - 11 * one) <= 64  # (a scalar sum is not live there)
 
 
+@pytest.mark.usefixtures("sliver_budget")
 def test_a_group_over_consecutive_parts_of_one_tensor_is_declined_not_cut():
     class Parts(torch.nn.Module):
         def __init__(self, n: int, k: int) -> None:
@@ -357,6 +367,7 @@ class SharedInputHeads(torch.nn.Module):
         return total
 
 
+@pytest.mark.usefixtures("sliver_budget")
 def test_the_weights_a_rule_concatenates_count_toward_memory():
     # 8 heads of 512 x 512 weights (1 MiB each) on an [8, 512] input: concatenating the
     # weights is an 8 MiB copy each step, where the activations are 16 KiB. The rule says
@@ -377,6 +388,57 @@ def test_the_weights_a_rule_concatenates_count_toward_memory():
     assert _ops(gm).count("linear") == 1 and _ops(gm).count("cat") == 1, _ops(gm)
 
 
+def test_a_small_step_may_add_the_steps_allowance_at_torch_ir(monkeypatch):
+    """The memory target: Inductor's peak + 2%, at least 8 MiB. A Torch-IR graph is the step:
+    a group adding 2 MiB (8 concatenated 256 KiB weights) to a step of about 100 KiB is taken
+    whole; budgeted like a later level's graph (2% or 256 KiB), it is not."""
+    from optimus.planner import memory, plan
+
+    model = SharedInputHeads(8, 256).eval()
+    x = torch.randn(8, 256)
+    with torch.no_grad():
+        want = model(x)
+        gm, report = _optimize(model, [x], Planner(Context("cuda"), profile=H200ISH))
+        torch.testing.assert_close(gm(x), want)
+    assert _ops(gm).count("linear") == 1, _ops(gm)
+    assert plan.STEP_SLACK + 3 * memory.MEMORY_SLACK == 8 * 2**20
+    monkeypatch.setattr(plan, "STEP_SLACK", memory.MEMORY_SLACK)
+    with torch.no_grad():
+        gm, report = _optimize(model, [x], Planner(Context("cuda"), profile=H200ISH))
+    reasons = [r for g in report.graphs for r in g.rules["batch_linear_lhs"].declined]
+    assert _ops(gm).count("linear") > 1 and any("allowed: 2% or 256 KiB" in r for r in reasons), (_ops(gm), reasons)
+
+
+@pytest.mark.parametrize("width,step_allowance", [(128, True), (512, False)])
+def test_a_training_group_whose_gradients_exceed_the_steps_allowance_gets_the_sliver(width, step_allowance):
+    """Six linears of a (1024, 512) input in a training step: outputs of 0.5 MiB each (3 MiB of
+    gradients held at once by the group's backward) are judged against the step's allowance;
+    outputs of 2 MiB each (12 MiB) exceed it and are judged against 2% or 256 KiB."""
+    import types
+
+    from optimus.core.levels import make_view
+    from optimus.planner import memory, plan
+
+    def f(x, *ws):
+        return sum(torch.relu(F.linear(x, w)).sum() for w in ws)
+
+    scope = {"f": f}
+    exec("def g(x, w0, w1, w2, w3, w4, w5):\n    return f(x, w0, w1, w2, w3, w4, w5)\n", scope)
+    gm = fx.symbolic_trace(scope["g"])
+    oc._propagate_fake_meta(gm, [torch.randn(1024, 512)] + [torch.randn(width, 512) for _ in range(6)])
+    for n in gm.graph.nodes:  # as Dynamo's pre-grad graph of a training step records them
+        v = n.meta.get("val")
+        if n.op == "call_function" and isinstance(v, torch.Tensor):
+            n.meta["val"] = v.detach().requires_grad_(True)
+    view = make_view("torch_ir", gm)
+    members = [n for n in gm.graph.nodes if n.target is F.linear]
+    planner = Planner(Context("cuda", training=True), profile=H200ISH)
+    planner.round_started(view, types.SimpleNamespace(notes=[]))
+    assert planner._liveness(view).gradient_bytes(members) == 6 * 1024 * width * 4
+    budget = planner._budget_for(view, members)
+    assert budget.slack_bytes == (plan.STEP_SLACK if step_allowance else memory.MEMORY_SLACK)
+
+
 class GatesAndExperts(torch.nn.Module):
     """One input read by ``n`` narrow gates (``k -> 1``) and ``n`` wide expert projections
     (``k -> r``), each projection consumed at once (DCNv2's mixture of cross experts)."""
@@ -393,6 +455,7 @@ class GatesAndExperts(torch.nn.Module):
         return total + torch.cat([g(x) for g in self.gates], 1).softmax(1).sum()
 
 
+@pytest.mark.usefixtures("sliver_budget")
 def test_linears_sharing_an_input_concatenate_weights_and_cut_narrow_members_together():
     # stacking one input 8 times for a bmm is 8 copies of it: batch_linear leaves those
     # groups to batch_linear_lhs; all 16 heads at once would hold 8 expert outputs of
