@@ -42,12 +42,12 @@ from __future__ import annotations
 
 import torch
 
+from ..runtime.activation import activation_code
 from ..runtime.backend import lazy_module
 from ..runtime.checks import ALLOWED_DTYPES, check_columns, check_layout, check_packed, triton_ok
 from ..runtime.layout import dense
 from ..runtime.params import check_members, concatenated, fake_concatenated
 from ..runtime.registration import define
-from ..runtime.activation import activation_code
 from . import reference as ref
 
 _kernel = lazy_module(__package__)  # kernel.py, imported on the first Triton launch
@@ -76,8 +76,6 @@ def _check_ln_packed(x, w, b, rows, widths, layout="packed"):
 # ------------------------------------------------------------------------------------------------
 # implementations (shared by the packed ops and the parameter-list ops)
 # ------------------------------------------------------------------------------------------------
-
-
 def ln_forward(x, w, b, rows, widths, eps, layout, activation="none"):
     _check_ln_packed(x, w, b, rows, widths, layout)
     act = activation_code(activation)
