@@ -27,7 +27,7 @@ import os
 import sys
 import tempfile
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -139,40 +139,56 @@ def measure(name: str, mode: str, setting: str, passes: Any = None) -> dict[str,
             row["parity_second_batch"] = _close(second, eager[1])
         row["crash"] = None
     except Exception as e:  # recorded: a crash is a result of this report
-        row["crash"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        row["crash"] = crash_text(e)
     row["time_s"] = round(time.perf_counter() - t0, 2)
     return row
 
 
-def table(rows: list[dict[str, Any]]) -> str:
+def crash_text(e: BaseException) -> str:
+    """A crash as a row records it: the exception's type and the first line of its message."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+
+
+def rewrite_table(rows: list[dict[str, Any]], key: str, columns: Sequence[str], base: str,
+                  flags_of: Callable[[dict[str, Any], str], list[str]], titles: Sequence[str] | None = None) -> str:
+    """Per model and mode, each column's rewrites (``row[key]`` names the column) with its share
+    of the ``base`` column's, and a notes column: crashes, then ``flags_of(row, column)``.
+    ``titles``: the columns' headings (default: their names)."""
     from optimus.core.table import format_table
 
-    by = {(r["model"], r["mode"], r["setting"]): r for r in rows}
+    by = {(r["model"], r["mode"], r[key]): r for r in rows}
     out = []
     for (model, mode) in dict.fromkeys((r["model"], r["mode"]) for r in rows):
         cells: list[Any] = [model, mode]
-        static = by.get((model, mode, "static"), {}).get("rewrites")
-        flags = []
-        for s in SETTINGS:
-            r = by.get((model, mode, s))
+        reference = by.get((model, mode, base), {}).get("rewrites")
+        flags: list[str] = []
+        for c in columns:
+            r = by.get((model, mode, c))
             if r is None:
                 cells.append("-")
             elif r.get("crash"):
                 cells.append("crash")
-                flags.append(f"{s}: {r['crash'][:60]}")
+                flags.append(f"{c}: {r['crash'][:60]}")
             else:
                 n = r["rewrites"]
-                pct = f" ({100 * n / static:.0f}%)" if static and s != "static" else ""
+                pct = f" ({100 * n / reference:.0f}%)" if reference and c != base else ""
                 cells.append(f"{n}{pct}")
-                if r.get("recompiled"):
-                    flags.append(f"{s}: recompiled")
-                if r.get("parity") is False or r.get("parity_second_batch") is False:
-                    flags.append(f"{s}: MISMATCH")
+                flags += flags_of(r, c)
                 if r.get("errors"):
-                    flags.append(f"{s}: {len(r['errors'])} rule errors")
+                    flags.append(f"{c}: {len(r['errors'])} rule errors")
         cells.append("; ".join(flags))
         out.append(cells)
-    return format_table(["model", "mode", "static", "dynamic=True", "mark_dynamic", "notes"], out, [False, False, False, False, False, False])
+    return format_table(["model", "mode", *(titles or columns), "notes"], out, [False] * (len(columns) + 3))
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    def flags_of(r: dict[str, Any], s: str) -> list[str]:
+        out = [f"{s}: recompiled"] if r.get("recompiled") else []
+        if r.get("parity") is False or r.get("parity_second_batch") is False:
+            out.append(f"{s}: MISMATCH")
+        return out
+
+    return rewrite_table(rows, "setting", SETTINGS, "static", flags_of, ("static", "dynamic=True", "mark_dynamic"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -30,7 +30,7 @@ from typing import Any, Sequence
 import torch
 
 from .cli_json import add_json_arguments, json_targets
-from .dynamic_report import _fresh_caches, count_rewrites, report_meta, write_rows
+from .dynamic_report import _fresh_caches, count_rewrites, crash_text, report_meta, rewrite_table, write_rows
 
 MODES = {"inference": "infer", "training": "train"}  # this report's names, the bench's
 DEFAULT_PRECISIONS = ("fp32", "amp-bf16")
@@ -68,42 +68,23 @@ def measure(name: str, mode: str, precision: str, passes: Any = None) -> dict[st
         row["output_dtype"] = str(out.dtype).replace("torch.", "")
         row["crash"] = None
     except Exception as e:  # recorded: a crash is a result of this report
-        row["crash"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        row["crash"] = crash_text(e)
     row["time_s"] = round(time.perf_counter() - t0, 2)
     return row
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     """Per model and mode: each precision's rewrites (with its share of fp32's) and the flags."""
-    from optimus.core.table import format_table
+    def flags_of(r: dict[str, Any], p: str) -> list[str]:
+        out = []
+        if p != "fp32" and r["rewrites"] < TARGET * (by_fp32.get((r["model"], r["mode"])) or 0):
+            out.append(f"{p}: below {100 * TARGET:.0f}% of fp32")
+        if r.get("accurate") is False:
+            out.append(f"{p}: INACCURATE ({r.get('accuracy_note', '')[:60]})")
+        return out
 
-    precisions = list(dict.fromkeys(r["precision"] for r in rows))
-    by = {(r["model"], r["mode"], r["precision"]): r for r in rows}
-    out = []
-    for (model, mode) in dict.fromkeys((r["model"], r["mode"]) for r in rows):
-        cells: list[Any] = [model, mode]
-        base = by.get((model, mode, "fp32"), {}).get("rewrites")
-        flags = []
-        for p in precisions:
-            r = by.get((model, mode, p))
-            if r is None:
-                cells.append("-")
-            elif r.get("crash"):
-                cells.append("crash")
-                flags.append(f"{p}: {r['crash'][:60]}")
-            else:
-                n = r["rewrites"]
-                share = n / base if base and p != "fp32" else None
-                cells.append(f"{n}" + (f" ({100 * share:.0f}%)" if share is not None else ""))
-                if share is not None and share < TARGET:
-                    flags.append(f"{p}: below {100 * TARGET:.0f}% of fp32")
-                if r.get("accurate") is False:
-                    flags.append(f"{p}: INACCURATE ({r.get('accuracy_note', '')[:60]})")
-                if r.get("errors"):
-                    flags.append(f"{p}: {len(r['errors'])} rule errors")
-        cells.append("; ".join(flags))
-        out.append(cells)
-    return format_table(["model", "mode", *precisions, "notes"], out, [False] * (len(precisions) + 3))
+    by_fp32 = {(r["model"], r["mode"]): r.get("rewrites") for r in rows if r["precision"] == "fp32"}
+    return rewrite_table(rows, "precision", list(dict.fromkeys(r["precision"] for r in rows)), "fp32", flags_of)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
