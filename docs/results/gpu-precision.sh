@@ -17,7 +17,8 @@
 # bf16 model), MODELS (default: every zoo model), ROUNDS (3), ITERS (steps per timing, 15),
 # LIMIT (seconds per process, 420: the call ends within about LIMIT + 30 s), PAIR (1: one process
 # per model with every precision in it, also paired round by round; default 0, one per model and
-# precision: shorter compile chains), TAG (names the output), DEVICE/SIZE (cpu/small: a dry run
+# precision: shorter compile chains), SPLIT (non-empty: also --time-split, where each step's
+# time goes), TAG (names the output), DEVICE/SIZE (cpu/small: a dry run
 # of the plumbing). Writes $OUT/$TAG-$MODE-cg$CG.json (merged) and $TAG-$MODE-cg$CG-pieces.tgz
 # (per-process JSON and logs), and prints the markdown table last
 # (docs/results/precision_table.py, which also merges the pieces' JSON files into one table).
@@ -27,6 +28,8 @@
 # dhen's training step); PAIR=1 halves the processes where memory is short.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TORCHINDUCTOR_COMPILE_THREADS=1
+# transformers for MODELS="hf_bert hf_gpt2", where .gpu_site was carried (docs/results/make_gpu_site.sh)
+[ -d .gpu_site ] && export PYTHONPATH=$PYTHONPATH:$PWD/.gpu_site
 DEVICE=${DEVICE:-cuda} SIZE=${SIZE:-realistic}
 python -c "import sys, torch; print('torch', torch.__version__, torch.cuda.get_device_name() if sys.argv[1] == 'cuda' else 'cpu')" $DEVICE
 C=${RUN_DIR:-$(mktemp -d)} && cp docs/results/h200-profile/*.json $C/ && export OPTIMUS_CACHE_DIR=$C
@@ -47,7 +50,7 @@ for m in $MODELS; do
     piece=$NAME-$m-${p//,/+}
     timeout ${LIMIT:-420} python docs/results/gpu-paired.py --model $m --modes $MODE --configs $configs \
         --precisions $p --rounds ${ROUNDS:-3} --iters ${ITERS:-15} --device $DEVICE --size $SIZE \
-        --lock $C/lock --ref-lock $C/ref-$m.lock --json $OUT/$piece.json > $OUT/$piece.log 2>&1 &
+        --lock $C/lock --ref-lock $C/ref-$m.lock ${SPLIT:+--time-split} --json $OUT/$piece.json > $OUT/$piece.log 2>&1 &
   done
 done
 wait
