@@ -378,25 +378,24 @@ def test_tanh_activation_is_accurate_near_zero_gpu():
     assert max_tanh_ulps(y[:, 0], z) <= 8
 
 
-def test_grouped_ops_under_cudagraph_trees_gpu():
-    """The rules' custom ops compiled with mode="reduce-overhead" (cudagraph trees): warm-up,
-    record and replays leave no cached table in the graph pool ("tensors in the cudagraph pool
-    not tracked as outputs", H200 run 4) and replays match eager, training and inference."""
+def _replays_match_eager(model, inputs_per_step, passes="auto"):
+    """``model`` (a small zoo model) compiled with mode="reduce-overhead", inference and training:
+    every step's output and every parameter's gradient match eager's on the same inputs (warm-up,
+    recording, replays). Returns the rules that matched, per mode."""
     import optimus
-    from optimus.core.registry import REGISTRY
     from optimus.tools.models import get_model
 
-    assert REGISTRY.get("grouped_linear").cudagraph_safe  # on under CUDA graphs by default
+    matched = {}
     for train in (False, True):
         torch._dynamo.reset()
-        z = get_model("hetero_towers", "small", device="cuda")
-        ref = get_model("hetero_towers", "small", device="cuda")
-        fn = optimus.compile(z.model, mode="reduce-overhead", fullgraph=True)
-        for step in range(4):
+        z = get_model(model, "small", device="cuda")
+        ref = get_model(model, "small", device="cuda")
+        fn = optimus.compile(z.model, passes=passes, mode="reduce-overhead", fullgraph=True)
+        for inputs in inputs_per_step(z.inputs):
             torch.compiler.cudagraph_mark_step_begin()
             with torch.set_grad_enabled(train):
-                out = fn(*z.inputs)
-                want = ref.model(*ref.inputs)
+                out = fn(*inputs)
+                want = ref.model(*inputs)
             torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
             if train:
                 z.loss(out).backward()
@@ -404,8 +403,19 @@ def test_grouped_ops_under_cudagraph_trees_gpu():
                 for p, q in zip(z.model.parameters(), ref.model.parameters()):
                     torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
                     p.grad = q.grad = None
-        rules = {r for g in fn.optimus_report.graphs for r, s in g.rules.items() if s.matched}
-        assert rules & {"grouped_linear", "batched_layer_norm"}, rules
+        matched[train] = {r for g in fn.optimus_report.graphs for r, s in g.rules.items() if s.matched}
+    return matched
+
+
+def test_grouped_ops_under_cudagraph_trees_gpu():
+    """The rules' custom ops compiled with mode="reduce-overhead" (cudagraph trees): warm-up,
+    record and replays leave no cached table in the graph pool ("tensors in the cudagraph pool
+    not tracked as outputs", H200 run 4) and replays match eager, training and inference."""
+    from optimus.core.registry import REGISTRY
+
+    assert REGISTRY.get("grouped_linear").cudagraph_safe  # on under CUDA graphs by default
+    matched = _replays_match_eager("hetero_towers", lambda inputs: [inputs] * 4)
+    assert matched[True] & {"grouped_linear", "batched_layer_norm"}, matched[True]
 
 
 @pytest.mark.parametrize("model", ["dlrm", "tables26"])
@@ -413,31 +423,17 @@ def test_grouped_embedding_lookups_under_cudagraph_trees_gpu(model, monkeypatch)
     """The grouped embedding-bag op compiled with mode="reduce-overhead": the rule matches,
     and forward and gradients match eager over the warm-up, the recording and replays whose
     indices change every step (a stale table or pointer would show as a wrong pooled row)."""
-    import optimus
     from optimus.compile import CUDAGRAPH_KERNELS_ENV
-    from optimus.tools.models import get_model
 
     monkeypatch.setenv(CUDAGRAPH_KERNELS_ENV, "1")  # on whether or not the rule is marked capture-safe
-    for train in (False, True):
-        torch._dynamo.reset()
-        z = get_model(model, "small", device="cuda")
-        ref = get_model(model, "small", device="cuda")
-        fn = optimus.compile(z.model, passes="all", mode="reduce-overhead", fullgraph=True)
-        dense, sparse = z.inputs
+
+    def new_ids_each_step(inputs):
+        dense, sparse = inputs
         gen = torch.Generator(device="cuda").manual_seed(7)
-        for step in range(5):
-            # new ids each step, each table's within its own rows: the batch's bags reshuffled
-            idx = sparse if step == 0 else sparse[torch.randperm(sparse.shape[0], device="cuda", generator=gen)].flip(-1)
-            torch.compiler.cudagraph_mark_step_begin()
-            with torch.set_grad_enabled(train):
-                out = fn(dense, idx)
-                want = ref.model(dense, idx)
-            torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
-            if train:
-                z.loss(out).backward()
-                ref.loss(want).backward()
-                for p, q in zip(z.model.parameters(), ref.model.parameters()):
-                    torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
-                    p.grad = q.grad = None
-        rules = {r for g in fn.optimus_report.graphs for r, s in g.rules.items() if s.matched}
+        yield dense, sparse
+        for _ in range(4):  # each table's ids stay within its rows: the batch's bags reshuffled
+            yield dense, sparse[torch.randperm(sparse.shape[0], device="cuda", generator=gen)].flip(-1)
+
+    matched = _replays_match_eager(model, new_ids_each_step, passes="all")
+    for rules in matched.values():
         assert "group_embedding_lookups" in rules, rules
