@@ -150,9 +150,9 @@ def crash_text(e: BaseException) -> str:
 
 
 def rewrite_table(rows: list[dict[str, Any]], key: str, columns: Sequence[str], base: str,
-                  flags_of: Callable[[dict[str, Any], str], list[str]], titles: Sequence[str] | None = None) -> str:
+                  flags_of: Callable[[dict[str, Any], str, Any], list[str]], titles: Sequence[str] | None = None) -> str:
     """Per model and mode, each column's rewrites (``row[key]`` names the column) with its share
-    of the ``base`` column's, and a notes column: crashes, then ``flags_of(row, column)``.
+    of the ``base`` column's, and a notes column: crashes, then ``flags_of(row, column, base's rewrites)``.
     ``titles``: the columns' headings (default: their names)."""
     from optimus.core.table import format_table
 
@@ -173,7 +173,7 @@ def rewrite_table(rows: list[dict[str, Any]], key: str, columns: Sequence[str], 
                 n = r["rewrites"]
                 pct = f" ({100 * n / reference:.0f}%)" if reference and c != base else ""
                 cells.append(f"{n}{pct}")
-                flags += flags_of(r, c)
+                flags += flags_of(r, c, reference)
                 if r.get("errors"):
                     flags.append(f"{c}: {len(r['errors'])} rule errors")
         cells.append("; ".join(flags))
@@ -182,7 +182,7 @@ def rewrite_table(rows: list[dict[str, Any]], key: str, columns: Sequence[str], 
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    def flags_of(r: dict[str, Any], s: str) -> list[str]:
+    def flags_of(r: dict[str, Any], s: str, _static: Any) -> list[str]:
         out = [f"{s}: recompiled"] if r.get("recompiled") else []
         if r.get("parity") is False or r.get("parity_second_batch") is False:
             out.append(f"{s}: MISMATCH")

@@ -75,15 +75,14 @@ def measure(name: str, mode: str, precision: str, passes: Any = None) -> dict[st
 
 def table(rows: list[dict[str, Any]]) -> str:
     """Per model and mode: each precision's rewrites (with its share of fp32's) and the flags."""
-    def flags_of(r: dict[str, Any], p: str) -> list[str]:
+    def flags_of(r: dict[str, Any], p: str, fp32: Any) -> list[str]:
         out = []
-        if p != "fp32" and r["rewrites"] < TARGET * (by_fp32.get((r["model"], r["mode"])) or 0):
+        if p != "fp32" and r["rewrites"] < TARGET * (fp32 or 0):
             out.append(f"{p}: below {100 * TARGET:.0f}% of fp32")
         if r.get("accurate") is False:
             out.append(f"{p}: INACCURATE ({r.get('accuracy_note', '')[:60]})")
         return out
 
-    by_fp32 = {(r["model"], r["mode"]): r.get("rewrites") for r in rows if r["precision"] == "fp32"}
     return rewrite_table(rows, "precision", list(dict.fromkeys(r["precision"] for r in rows)), "fp32", flags_of)
 
 
