@@ -47,7 +47,12 @@ Memory plan
   stepping past the chunk end when the segment does, then writes each gradient row once (no
   atomics).  Its step count is the longest segment of the chunk: a row hit by a large share of all
   entries costs its program a long sequential loop (a known load-balance limit for extremely hot
-  rows).  Launches: memset of the dense gradients, key fill, walk, sort (torch), segment.
+  rows).  With fixed bags the entries go through this in pieces of whole tables (at most
+  ``key_piece`` entries, ``EBSignature.key_pieces``): a table's keys lie in its own row range, so
+  the pieces sorted one by one give one sort's order, and the key and sort buffers hold one
+  piece at a time.  Launches: memset of the dense gradients, then per piece key fill, walk, sort
+  (torch), segment.
+* The output gradient is read at its row stride (the slice of a ``cat``'s gradient, uncopied).
 * Backward, atomic (``deterministic=False``): the walk kernel adds ``a_j g_j`` into an fp32
   accumulator with ``tl.atomic_add`` (the dout tile is loaded once per tile); fp32 weights
   accumulate into the gradient itself, 16-bit weights into an fp32 workspace that is cast once.
@@ -72,6 +77,7 @@ import triton.language as tl
 
 from ..runtime import tables as _dt
 from ..runtime.backend import device_guard, interpret_mode, next_pow2
+from ..runtime.layout import unit_stride_rows
 
 # ---------------------------------------------------------------------------------------------
 # metadata table layout: int64 [T, NCOL], one row per table
@@ -254,7 +260,7 @@ def _emb_fwd_kernel(w_ptr, idx_ptr, off_ptr, psw_ptr, out_ptr, meta_ptr, tiles_p
 # ---------------------------------------------------------------------------------------------
 @triton.jit
 def _walk_tile(w_ptr, idx_ptr, off_ptr, psw_ptr, dout_ptr, ws_ptr, key_ptr, bag_ptr, scale_ptr,
-               spv_ptr, spr_ptr, pswg_ptr, row, t, bblk, B, SUMD, NIDX, SENT,
+               spv_ptr, spr_ptr, pswg_ptr, row, t, bblk, B, GSTRIDE, NIDX, SENT, E0,
                ATOMIC: tl.constexpr, KEYS: tl.constexpr, HAS_OFFSETS: tl.constexpr, HAS_PSW: tl.constexpr,
                NEED_PSWG: tl.constexpr, HAS_SPARSE: tl.constexpr, ALIGN: tl.constexpr,
                BB: tl.constexpr, BD: tl.constexpr):
@@ -267,7 +273,7 @@ def _walk_tile(w_ptr, idx_ptr, off_ptr, psw_ptr, dout_ptr, ws_ptr, key_ptr, bag_
     goff = tl.load(row + C_GOFF)
     rbase = tl.load(row + C_RBASE)
     is_sp = tl.load(row + C_SPARSE) != 0
-    sumd = SUMD
+    gstride = GSTRIDE
     dense = goff >= 0
     # goff is -1 for tables without a dense gradient: clamp before the hint (a false multiple_of is
     # undefined behaviour on the GPU; the interpreter ignores hints, so no CPU test would notice)
@@ -276,7 +282,7 @@ def _walk_tile(w_ptr, idx_ptr, off_ptr, psw_ptr, dout_ptr, ws_ptr, key_ptr, bag_
         D = tl.multiple_of(D, ALIGN)
         w_off = tl.multiple_of(w_off, ALIGN)
         col = tl.multiple_of(col, ALIGN)
-        sumd = tl.multiple_of(sumd, ALIGN)
+        gstride = tl.multiple_of(gstride, ALIGN)
         goff = tl.multiple_of(goff, ALIGN)
     bags = bblk * BB + tl.arange(0, BB)
     bmask = bags < B
@@ -304,9 +310,10 @@ def _walk_tile(w_ptr, idx_ptr, off_ptr, psw_ptr, dout_ptr, ws_ptr, key_ptr, bag_
                 p = tl.load(psw_ptr + j, mask=okg, other=0.0).to(tl.float32)
                 a = tl.where(mode == MODE_SUM, p, a)
             key = tl.where(okg, tl.where(dense, rbase + idx, SENT), SENT)
-            tl.store(key_ptr + j, key.to(key_ptr.dtype.element_ty), mask=m)
-            tl.store(bag_ptr + j, bag_id, mask=m)
-            tl.store(scale_ptr + j, tl.where(okg, a, 0.0), mask=m)
+            jk = j - E0  # the key arrays hold this launch's piece of the entries
+            tl.store(key_ptr + jk, key.to(key_ptr.dtype.element_ty), mask=m)
+            tl.store(bag_ptr + jk, bag_id, mask=m)
+            tl.store(scale_ptr + jk, tl.where(okg, a, 0.0), mask=m)
     need_rows = is_sp
     if NEED_PSWG:
         need_rows = True
@@ -321,7 +328,7 @@ def _walk_tile(w_ptr, idx_ptr, off_ptr, psw_ptr, dout_ptr, ws_ptr, key_ptr, bag_
         for db in range(0, n_db):
             cols = db * BD + tl.arange(0, BD)
             cmask = cols < D
-            g = tl.load(dout_ptr + bags[:, None].to(tl.int64) * sumd + col + cols[None, :],
+            g = tl.load(dout_ptr + bags[:, None].to(tl.int64) * gstride + col + cols[None, :],
                         mask=bmask[:, None] & cmask[None, :], other=0.0).to(tl.float32)
             for l in range(0, maxlen):
                 j = s + l
@@ -358,9 +365,9 @@ def _walk_tile(w_ptr, idx_ptr, off_ptr, psw_ptr, dout_ptr, ws_ptr, key_ptr, bag_
                     tl.store(pswg_ptr + j, part.to(pswg_ptr.dtype.element_ty), mask=m)
 
 
-@triton.jit(do_not_specialize=["B", "NIDX", "SENT"])
+@triton.jit(do_not_specialize=["B", "NIDX", "SENT", "E0"])
 def _emb_walk_kernel(w_ptr, idx_ptr, off_ptr, psw_ptr, dout_ptr, ws_ptr, key_ptr, bag_ptr, scale_ptr,
-                     spv_ptr, spr_ptr, pswg_ptr, meta_ptr, tiles_ptr, B, SUMD, NIDX, SENT,
+                     spv_ptr, spr_ptr, pswg_ptr, meta_ptr, tiles_ptr, B, GSTRIDE, NIDX, SENT, E0,
                      ATOMIC: tl.constexpr, KEYS: tl.constexpr, HAS_OFFSETS: tl.constexpr,
                      HAS_PSW: tl.constexpr, NEED_PSWG: tl.constexpr, HAS_SPARSE: tl.constexpr,
                      ALIGN: tl.constexpr,
@@ -375,27 +382,27 @@ def _emb_walk_kernel(w_ptr, idx_ptr, off_ptr, psw_ptr, dout_ptr, ws_ptr, key_ptr
     if CLASSES & 1:
         if cls == 0:
             _walk_tile(w_ptr, idx_ptr, off_ptr, psw_ptr, dout_ptr, ws_ptr, key_ptr, bag_ptr, scale_ptr,
-                       spv_ptr, spr_ptr, pswg_ptr, row, t, bblk, B, SUMD, NIDX, SENT,
+                       spv_ptr, spr_ptr, pswg_ptr, row, t, bblk, B, GSTRIDE, NIDX, SENT, E0,
                        ATOMIC, KEYS, HAS_OFFSETS, HAS_PSW, NEED_PSWG, HAS_SPARSE, ALIGN, BB0, 16)
     if CLASSES & 2:
         if cls == 1:
             _walk_tile(w_ptr, idx_ptr, off_ptr, psw_ptr, dout_ptr, ws_ptr, key_ptr, bag_ptr, scale_ptr,
-                       spv_ptr, spr_ptr, pswg_ptr, row, t, bblk, B, SUMD, NIDX, SENT,
+                       spv_ptr, spr_ptr, pswg_ptr, row, t, bblk, B, GSTRIDE, NIDX, SENT, E0,
                        ATOMIC, KEYS, HAS_OFFSETS, HAS_PSW, NEED_PSWG, HAS_SPARSE, ALIGN, BB1, 32)
     if CLASSES & 4:
         if cls == 2:
             _walk_tile(w_ptr, idx_ptr, off_ptr, psw_ptr, dout_ptr, ws_ptr, key_ptr, bag_ptr, scale_ptr,
-                       spv_ptr, spr_ptr, pswg_ptr, row, t, bblk, B, SUMD, NIDX, SENT,
+                       spv_ptr, spr_ptr, pswg_ptr, row, t, bblk, B, GSTRIDE, NIDX, SENT, E0,
                        ATOMIC, KEYS, HAS_OFFSETS, HAS_PSW, NEED_PSWG, HAS_SPARSE, ALIGN, BB2, 64)
     if CLASSES & 8:
         if cls == 3:
             _walk_tile(w_ptr, idx_ptr, off_ptr, psw_ptr, dout_ptr, ws_ptr, key_ptr, bag_ptr, scale_ptr,
-                       spv_ptr, spr_ptr, pswg_ptr, row, t, bblk, B, SUMD, NIDX, SENT,
+                       spv_ptr, spr_ptr, pswg_ptr, row, t, bblk, B, GSTRIDE, NIDX, SENT, E0,
                        ATOMIC, KEYS, HAS_OFFSETS, HAS_PSW, NEED_PSWG, HAS_SPARSE, ALIGN, BB3, 128)
     if CLASSES & 16:
         if cls == 4:
             _walk_tile(w_ptr, idx_ptr, off_ptr, psw_ptr, dout_ptr, ws_ptr, key_ptr, bag_ptr, scale_ptr,
-                       spv_ptr, spr_ptr, pswg_ptr, row, t, bblk, B, SUMD, NIDX, SENT,
+                       spv_ptr, spr_ptr, pswg_ptr, row, t, bblk, B, GSTRIDE, NIDX, SENT, E0,
                        ATOMIC, KEYS, HAS_OFFSETS, HAS_PSW, NEED_PSWG, HAS_SPARSE, ALIGN, BB4, 256)
 
 
@@ -404,7 +411,7 @@ def _emb_walk_kernel(w_ptr, idx_ptr, off_ptr, psw_ptr, dout_ptr, ws_ptr, key_ptr
 # ---------------------------------------------------------------------------------------------
 @triton.jit(do_not_specialize=["L", "B", "T", "SENT"])
 def _emb_seg_kernel(skey_ptr, perm_ptr, bag_ptr, scale_ptr, dout_ptr, grad_ptr, meta_ptr,
-                    L, B, T, SUMD, SENT, ALIGN: tl.constexpr, C: tl.constexpr, BD: tl.constexpr):
+                    L, B, T, GSTRIDE, SENT, ALIGN: tl.constexpr, C: tl.constexpr, BD: tl.constexpr):
     """Rows of the tile = the segments that START among C consecutive sorted positions; each sums
     its entries in order (stepping on past the chunk end when the segment does) and writes its
     gradient row once."""
@@ -428,12 +435,12 @@ def _emb_seg_kernel(skey_ptr, perm_ptr, bag_ptr, scale_ptr, dout_ptr, grad_ptr, 
     seg = seg & (r >= 0) & (r < N) & (goff >= 0)
     goff = tl.maximum(goff, 0)  # -1 in the lanes seg masks off: no false multiple_of hint below
     maxd = tl.reduce(tl.where(seg, D, 0), 0, _MAX)
-    sumd = SUMD
+    gstride = GSTRIDE
     if ALIGN > 1:  # every dim, column and gradient offset is a multiple of ALIGN: vector loads / stores
         D = tl.multiple_of(D, [ALIGN])
         col = tl.multiple_of(col, [ALIGN])
         goff = tl.multiple_of(goff, [ALIGN])
-        sumd = tl.multiple_of(sumd, ALIGN)
+        gstride = tl.multiple_of(gstride, ALIGN)
     tb = t.to(tl.int64) * B
     for d0 in range(0, maxd, BD):
         cols = d0 + tl.arange(0, BD)
@@ -448,7 +455,7 @@ def _emb_seg_kernel(skey_ptr, perm_ptr, bag_ptr, scale_ptr, dout_ptr, grad_ptr, 
             sc = tl.load(scale_ptr + ii, mask=act, other=0.0).to(tl.float32)
             b = bg - tb
             ok = act & (b >= 0) & (b < B)
-            v = tl.load(dout_ptr + b[:, None] * sumd + col[:, None] + cols[None, :], mask=ok[:, None] & cm,
+            v = tl.load(dout_ptr + b[:, None] * gstride + col[:, None] + cols[None, :], mask=ok[:, None] & cm,
                         other=0.0).to(tl.float32)
             acc += v * sc[:, None]
             q += 1
@@ -475,21 +482,28 @@ _CFG = {
     "walk_warps": 8,
     "seg_warps": 4,
     "seg_block_d": 64,
+    # entries per piece of the deterministic backward (fixed bags): its buffers, about 44 bytes
+    # an entry (keys, bag ids, scales, the sorted keys, the permutation and the sort's own), are
+    # a few MiB whatever the group's size
+    "key_piece": 1 << 16,
 }
 if _INTERPRET:
     _CFG.update(fwd_elems={2: 64, 4: 64}, walk_elems={2: 64, 4: 64}, seg_elems={2: 64, 4: 64}, fwd_warps=1,
-                walk_warps=1, seg_warps=1, seg_block_d=32)
+                walk_warps=1, seg_warps=1, seg_block_d=32, key_piece=40)
 for _k, _env in (("fwd_elems", "OPTIMUS_EMB_TILE_ELEMS"), ("walk_elems", "OPTIMUS_EMB_WALK_ELEMS"),
                  ("seg_elems", "OPTIMUS_EMB_SEG_ELEMS")):
     if os.environ.get(_env):
         _v = int(os.environ[_env])
         _CFG[_k] = {2: _v, 4: _v}
+if os.environ.get("OPTIMUS_EMB_KEY_PIECE"):
+    _CFG["key_piece"] = int(os.environ["OPTIMUS_EMB_KEY_PIECE"])
 
 
 def set_config(**kw) -> None:
     """Override launch parameters: ``fwd_elems`` / ``walk_elems`` / ``seg_elems`` (tile elements;
-    an int for every dtype or a dict {element size: int}), ``*_warps``, ``seg_block_d``.  Clears the
-    signature cache (tile maps depend on the tile sizes).  For benchmarks and tests."""
+    an int for every dtype or a dict {element size: int}), ``*_warps``, ``seg_block_d``,
+    ``key_piece`` (entries per piece of the deterministic backward).  Clears the signature cache
+    (tile maps depend on the tile sizes).  For benchmarks and tests."""
     for k, v in kw.items():
         if k not in _CFG:
             raise KeyError(f"unknown config key {k!r}; known: {sorted(_CFG)}")
@@ -583,6 +597,27 @@ class EBSignature:
         if self.fixed:
             return n_indices // self.sum_bag if self.sum_bag else 0
         return (n_offsets - 1) // self.T
+
+    def key_pieces(self, B: int, nidx: int) -> list:
+        """The deterministic backward's pieces, each walked, sorted and reduced on its own:
+        (first walk tile, end walk tile, first entry, end entry).  Fixed bags: runs of
+        consecutive tables with at most ``key_piece`` entries (a larger table is a piece of its
+        own); a table's entries and walk tiles are contiguous, and its sort keys lie in its own
+        row range, so sorting the pieces one by one orders the entries as one sort of them all
+        would.  Jagged bags: one piece (a table's first entry is in the offsets, on the device)."""
+        n_tiles = [-(-B // self.bbw[t]) if self.ds[t] else 0 for t in range(self.T)]
+        if not self.fixed:
+            return [(0, sum(n_tiles), 0, nidx)]
+        cap = _CFG["key_piece"]
+        out, p0, e0, p, e = [], 0, 0, 0, 0
+        for t in range(self.T):
+            ne = B * self.bag_sizes[t]
+            if e > e0 and e - e0 + ne > cap:
+                out.append((p0, p, e0, e))
+                p0, e0 = p, e
+            p, e = p + n_tiles[t], e + ne
+        out.append((p0, p, e0, e))
+        return out
 
     def tiles(self, B: int, device: torch.device):
         """(fwd tile map, #fwd tiles, walk tile map, #walk tiles) for batch size B, cached."""
@@ -775,39 +810,47 @@ def backward(grad_out, weights, indices, offsets, psw, sig: EBSignature, need_w,
     extra_key = ("bwd", tuple(goff), tuple(sp_first), tuple(sp_lens))
     tab, orr = _meta(sig, weights, dev, fill_bwd, extra_key)
     _, _, walk_tiles, n_walk = sig.tiles(B, dev)
-    grad_out = grad_out.contiguous()
-    align = _align(sig, orr | grad_out.data_ptr() | (ws.data_ptr() if tot_dense else 0))
+    grad_out = unit_stride_rows(grad_out)
+    g_rs = grad_out.stride(0)  # the row stride: a slice of a wider gradient (a cat's) is read in place
+    align = _align(sig, orr | grad_out.data_ptr() | (g_rs * grad_out.element_size()) | (ws.data_ptr() if tot_dense else 0))
     dense_any = tot_dense > 0
     if not (dense_any or has_sparse or need_psw) or n_walk == 0:
         return ws, spv, spr, pswg
     need_keys = deterministic and dense_any
-    if need_keys:
-        # entries the walk does not reach (malformed offsets, tables of width 0) keep the sentinel
-        keys = torch.full((nidx,), sig.sent, dtype=sig.key_dtype, device=dev)
-        bag_ids = torch.empty(nidx, dtype=torch.int32, device=dev)
-        scales = torch.empty(nidx, dtype=torch.float32, device=dev)
-    else:
-        keys = bag_ids = scales = ws
+    # the deterministic backward walks, sorts and reduces one piece of the entries at a time
+    # (EBSignature.key_pieces), so its key arrays and the sort's buffers hold one piece
+    pieces = sig.key_pieces(B, nidx) if need_keys else [(0, n_walk, 0, nidx)]
     with device_guard(dev):  # Triton launches on the current device, not the tensors'
         dummy = w0
-        _emb_walk_kernel[(n_walk,)](
-            w0, indices, offsets if offsets is not None else indices, psw if psw is not None else dummy, grad_out,
-            ws if (atomic and dense_any) else dummy, keys, bag_ids, scales,
-            spv if has_sparse else dummy, spr if has_sparse else dummy, pswg if need_psw else dummy,
-            tab, walk_tiles, B, sig.sumd, nidx, sig.sent,
-            ATOMIC=atomic, KEYS=need_keys, HAS_OFFSETS=offsets is not None, HAS_PSW=psw is not None,
-            NEED_PSWG=need_psw,
-            HAS_SPARSE=has_sparse, ALIGN=align, CLASSES=sig.classes, num_warps=_CFG["walk_warps"],
-            **_bb_kwargs(sig.bbw_cls))
-        if need_keys:
-            skeys, perm = torch.sort(keys, stable=True)
-            dense_d = max([sig.ds[t] for t in range(sig.T) if goff[t] >= 0], default=1)
-            bd = min(_CFG["seg_block_d"], max(16, next_pow2(dense_d)))
-            c = max(2, sig.seg_elems // bd)
-            n_chunks = (nidx + c - 1) // c
-            _emb_seg_kernel[(n_chunks,)](
-                skeys, perm, bag_ids, scales, grad_out, ws, tab, nidx, B, sig.T, sig.sumd, sig.sent,
-                ALIGN=align, C=c, BD=bd, num_warps=_CFG["seg_warps"])
+        for p0, p1, e0, e1 in pieces:
+            if p1 == p0:
+                continue  # tables of width 0 only: nothing to walk
+            n = e1 - e0
+            if need_keys:
+                # entries the walk does not reach (malformed offsets, tables of width 0) keep the sentinel
+                keys = torch.full((n,), sig.sent, dtype=sig.key_dtype, device=dev)
+                bag_ids = torch.empty(n, dtype=torch.int32, device=dev)
+                scales = torch.empty(n, dtype=torch.float32, device=dev)
+            else:
+                keys = bag_ids = scales = ws
+            _emb_walk_kernel[(p1 - p0,)](
+                w0, indices, offsets if offsets is not None else indices, psw if psw is not None else dummy,
+                grad_out, ws if (atomic and dense_any) else dummy, keys, bag_ids, scales,
+                spv if has_sparse else dummy, spr if has_sparse else dummy, pswg if need_psw else dummy,
+                tab, walk_tiles[p0:], B, g_rs, nidx, sig.sent, e0,
+                ATOMIC=atomic, KEYS=need_keys, HAS_OFFSETS=offsets is not None, HAS_PSW=psw is not None,
+                NEED_PSWG=need_psw,
+                HAS_SPARSE=has_sparse, ALIGN=align, CLASSES=sig.classes, num_warps=_CFG["walk_warps"],
+                **_bb_kwargs(sig.bbw_cls))
+            if need_keys:
+                skeys, perm = torch.sort(keys, stable=True)
+                dense_d = max([sig.ds[t] for t in range(sig.T) if goff[t] >= 0], default=1)
+                bd = min(_CFG["seg_block_d"], max(16, next_pow2(dense_d)))
+                c = max(2, sig.seg_elems // bd)
+                _emb_seg_kernel[((n + c - 1) // c,)](
+                    skeys, perm, bag_ids, scales, grad_out, ws, tab, n, B, sig.T, g_rs, sig.sent,
+                    ALIGN=align, C=c, BD=bd, num_warps=_CFG["seg_warps"])
+                del keys, bag_ids, scales, skeys, perm  # freed before the next piece allocates its own
     if atomic and not acc_in_place:
         ws = ws.to(dt)
     return ws, spv, spr, pswg

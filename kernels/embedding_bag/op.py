@@ -43,6 +43,8 @@ AOTAutograd / Inductor)::
         dense: the dense tables that need a gradient, in table order, N_t * D_t elements each (the
             weights' own [N_t, D_t] layout); sparse_values / sparse_rows: L_t rows of D_t values /
             L_t int64 row indices per sparse table; psw_grad: like per_sample_weights, or empty.
+        grad_out is read at its row stride: the slice of a ``cat``'s gradient that the grouped
+            lookup's output gets when a concatenation reads it is not copied.
 
 The forward op has autograd registered through the backward op: the registered backward splits
 ``dense`` into one [N_t, D_t] view per table and builds the sparse COO tensors, so each weight gets
@@ -63,6 +65,7 @@ from torch import Tensor
 from ..runtime.backend import lazy_module
 from ..runtime.checks import ALLOWED_DTYPES, triton_ok
 from ..runtime.registration import define
+from ..runtime.layout import unit_stride_rows
 from . import reference as ref
 
 _kernel = lazy_module(__package__)  # kernel.py, imported on the first Triton launch
@@ -265,7 +268,7 @@ def _geb_autograd(ctx, grad_out):
     if grad_out is None or not (any(need_w) or need_psw):
         return [None] * T, None, None, None, None, None, None, None, None, None
     dense, spv, spr, pswg = torch.ops.optimus.grouped_embedding_bag_backward(
-        grad_out.contiguous(), weights, indices, offsets, psw, modes, pads, bag_sizes, sparse,
+        unit_stride_rows(grad_out), weights, indices, offsets, psw, modes, pads, bag_sizes, sparse,
         deterministic, index_counts, need_w, need_psw)
     B = _batch(weights, indices, offsets, bag_sizes)
     grads = _weight_grads(dense, spv, spr, need_w, sparse, shapes,

@@ -16,7 +16,8 @@ from typing import List, Optional, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["pack", "unpack", "fill_missing", "columns_to_packed", "packed_to_columns", "dense", "member_blocks", "empty_like_layout"]
+__all__ = ["pack", "unpack", "fill_missing", "columns_to_packed", "packed_to_columns", "dense", "member_blocks", "empty_like_layout",
+           "unit_stride_rows"]
 
 
 def pack(tensors: Sequence[Tensor]) -> Tensor:
@@ -55,6 +56,15 @@ def packed_to_columns(t: Tensor, rows: int, widths: Sequence[int]) -> Tensor:
 def dense(t: Optional[Tensor], layout: str) -> Optional[Tensor]:
     """A column-layout operand as the kernels read it: row-major (a copy only where it is not)."""
     return t.contiguous() if (t is not None and layout == "columns") else t
+
+
+def unit_stride_rows(t: Tensor) -> Tensor:
+    """A matrix whose rows a kernel reads at their row stride: ``t`` itself when it is 2-D, its
+    columns adjacent and its rows apart (a slice of a wider matrix, such as the gradient a ``cat``
+    hands each of its inputs), so nothing is copied; else a contiguous copy."""
+    if t.dim() == 2 and t.stride(1) == 1 and t.stride(0) >= t.shape[1]:
+        return t
+    return t.contiguous()
 
 
 def _starts(sizes: Sequence[int]) -> List[int]:

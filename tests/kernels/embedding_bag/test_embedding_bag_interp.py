@@ -88,6 +88,31 @@ def test_hot_rows_cross_chunks_deterministic():
         assert torch.equal(a, b)
 
 
+def test_deterministic_backward_in_pieces():
+    """Fixed bags: the deterministic backward walks, sorts and reduces runs of whole tables of at
+    most ``key_piece`` entries; the gradients equal those of one piece bitwise, and the oracle's."""
+    kmod = _kmod()
+    case = make_case(NS, DS, B=6, modes=["sum", "mean", "sum", "embedding"], pads=[1, None, 4, None],
+                     bag=[3, 2, 4, 1], dtype=F32, psw=True, seed=14)
+    sig = kmod.signature(NS, DS, [0, 1, 0, 2], [1, -1, 4, -1], [3, 2, 4, 1], F32)
+    pieces = sig.key_pieces(6, 6 * 10)
+    assert len(pieces) > 1 and pieces[0][2] == 0 and pieces[-1][3] == 60, pieces
+    assert all(a[1] == b[0] and a[3] == b[2] for a, b in zip(pieces, pieces[1:])), pieces
+    check_case(case, TOL[F32])
+    saved = kmod.get_config()
+    grads = {}
+    try:
+        for piece in (saved["key_piece"], 1 << 30):
+            kmod.set_config(key_piece=piece)
+            out = K.grouped_embedding_bag(case.weights, case.indices, case.offsets, mode=case.modes,
+                                          padding_idx=case.pads)
+            grads[piece] = torch.autograd.grad(out, case.weights, torch.ones_like(out))
+    finally:
+        kmod.set_config(key_piece=saved["key_piece"])
+    for a, b in zip(*grads.values()):
+        assert torch.equal(a, b)
+
+
 def test_unchecked_out_of_range_is_masked():
     """check_indices=False: out-of-range indices and malformed offsets never touch memory outside
     the tensors; the bad entries contribute nothing and get no gradient."""
@@ -184,6 +209,43 @@ def test_custom_op_runs_the_kernels():
     torch.testing.assert_close(o1, o2, rtol=1e-5, atol=1e-5)
     for a, b in zip(g1, g2):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_output_gradient_read_in_place_from_a_cat(deterministic, monkeypatch):
+    """A cat reading the grouped lookup's output hands it a slice of the cat's gradient (rows
+    wider apart than the output is wide): the eager API and the custom op both give it to the
+    kernels as it is, uncopied, and the weights' gradients equal those from the same gradient
+    made contiguous, bitwise."""
+    case = make_case(NS, DS, B=5, modes=["sum", "mean", "sum", "sum"], pads=[None, 2, None, None], dtype=F32,
+                     seed=13)
+    idx, off, _ = packed(case)
+    width = sum(DS)
+    kmod = _kmod()
+    seen = []
+    backward = kmod.backward
+
+    def spy(grad_out, *args, **kwargs):
+        seen.append(grad_out.stride())
+        return backward(grad_out, *args, **kwargs)
+
+    monkeypatch.setattr(kmod, "backward", spy)
+    calls = {
+        "eager": lambda: K.grouped_embedding_bag(case.weights, idx, off, mode=case.modes, padding_idx=case.pads,
+                                                 deterministic=deterministic),
+        "op": lambda: torch.ops.optimus.grouped_embedding_bag(
+            case.weights, idx, off, None, [0, 1, 0, 0], [-1, 2, -1, -1], [], [False] * 4, deterministic, []),
+    }
+    gy = torch.randn(case.B, 4 + width + 12, generator=torch.Generator().manual_seed(3))
+    for name, call in calls.items():
+        seen.clear()
+        out = call()
+        wide = torch.cat([torch.zeros(case.B, 4), out, torch.zeros(case.B, 12)], 1)
+        got = torch.autograd.grad(wide, case.weights, gy)
+        assert seen == [(4 + width + 12, 1)], (name, seen)
+        want = torch.autograd.grad(call(), case.weights, gy[:, 4:4 + width].contiguous())
+        for t, (a, b) in enumerate(zip(got, want)):
+            assert torch.equal(a, b), (name, t)
 
 
 def test_eager_plan_cached_and_still_validated():
