@@ -64,18 +64,18 @@ def round_started(self, view, report):
     return out
 
 
-def with_group(self, members, stacked=(), allowed=None, opaque_backward=False):
+def with_group(self, members, stacked=(), allowed=None, opaque_backward=False, held=None):
     stacked = list(stacked)
-    peak = original_with_group(self, members, stacked, allowed, opaque_backward)
-    memo = (tuple(m for m in members if m in self.index), tuple(stacked), opaque_backward)
+    peak = original_with_group(self, members, stacked, allowed, opaque_backward, held)
+    memo = (tuple(m for m in members if m in self.index), tuple(stacked), opaque_backward, held)
     how = "simulated" if memo in self._group_peaks else "bound"
     state.setdefault("peaks", []).append((len(members), peak, how, sum(b for _, b in stacked)))
     return peak
 
 
-def chunk(self, view, members, min_group, copies=None, custom_op=False):
+def chunk(self, view, members, min_group, copies=None, custom_op=False, held=None):
     state["peaks"] = []
-    sized = original_chunk(self, view, members, min_group, copies, custom_op)
+    sized = original_chunk(self, view, members, min_group, copies, custom_op, held)
     state["chunk"] = (sized, list(state["peaks"]))
     return sized
 

@@ -152,7 +152,8 @@ class FxDriver:
                 order = self.planner.order(self.view, group.nodes)
                 if order != list(range(len(group.members))):
                     group = Group(rule, [group.members[i] for i in order], group.key, self.view, group.options)
-                cut = self.planner.chunk(self.view, group.nodes, group.options["min_group"], rule.copied_operands(group), rule.custom_op)
+                cut = self.planner.chunk(self.view, group.nodes, group.options["min_group"], rule.copied_operands(group), rule.custom_op,
+                                         rule.held_in_backward(group))
                 if cut is not None:
                     return self._try_parts(rule, group, stats, cut)
             builder = Builder(self.view, anchor)

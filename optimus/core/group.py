@@ -104,6 +104,11 @@ class GroupRule(Rule):
     #: plan the buffers its backward allocates, so in training the planner charges the
     #: group's backward over everything saved (``Liveness.with_group``'s ``opaque_backward``)
     custom_op: bool = False
+    #: ``backward_held(group, n)``: the bytes the replacement's backward holds at once beyond
+    #: what the first ``n`` members' backwards held, where the rule knows it better than the
+    #: planner's default (every output gradient at once, less one member's): buffers its
+    #: backward allocates, an output gradient it reads in place. ``None``: the default.
+    backward_held: Callable[["Group", int], int | None] | None = None
 
     CLASS_OPTIONS: ClassVar[Mapping[str, Any]] = {"min_group": 2, "max_group": 256, "max_span": MAX_SPAN}
 
@@ -112,11 +117,19 @@ class GroupRule(Rule):
         super().__post_init__()
 
     def code(self) -> tuple[Callable[..., Any], ...]:
-        return (*super().code(), self.key) + ((self.copies,) if self.copies is not None else ())
+        own = tuple(f for f in (self.copies, self.backward_held) if f is not None)
+        return (*super().code(), self.key) + own
 
     def copied_operands(self, group: "Group") -> list[list[Any]] | None:
         """What the replacement of ``group`` copies (``copies``); ``None`` if the rule does not say."""
         return self.copies(group) if self.copies is not None else None
+
+    def held_in_backward(self, group: "Group") -> Callable[[int], int | None] | None:
+        """``backward_held`` for ``group``'s first ``n`` members; ``None`` if the rule does not say."""
+        if self.backward_held is None:
+            return None
+        held = self.backward_held
+        return lambda n: held(group, n)
 
     def decline_reason(self, match: Any) -> str | None:
         """The members must still be independent (see the module docstring), then the
@@ -147,10 +160,11 @@ class GroupPlanner(Protocol):
     def order(self, view: GraphView, members: list[fx.Node]) -> list[int]:
         """The order the group's members are stacked (and cut) in, as positions."""
 
-    def chunk(self, view: GraphView, members: list[fx.Node], min_group: int, copies: list[list[Any]] | None = None, custom_op: bool = False) -> Cut | None:
+    def chunk(self, view: GraphView, members: list[fx.Node], min_group: int, copies: list[list[Any]] | None = None, custom_op: bool = False,
+              held: Callable[[int], int | None] | None = None) -> Cut | None:
         """``None`` if the group may run whole; else how it is cut (``Cut``).
         ``copies``: what the replacement copies (``GroupRule.copied_operands``);
-        ``custom_op``: ``GroupRule.custom_op``."""
+        ``custom_op``: ``GroupRule.custom_op``; ``held``: ``GroupRule.held_in_backward``."""
 
     def judge(self, view: GraphView, rule: str, anchor: fx.Node, members: list[fx.Node], new_nodes: list[fx.Node]) -> str | None:
         """Why the built replacement should not be committed, if it should not."""

@@ -627,7 +627,8 @@ class Liveness:
                     common.add(node)
         return common
 
-    def with_group(self, members: Sequence[fx.Node], stacked: Iterable[tuple[fx.Node | None, int]] = (), allowed: float | None = None, opaque_backward: bool = False) -> float:
+    def with_group(self, members: Sequence[fx.Node], stacked: Iterable[tuple[fx.Node | None, int]] = (), allowed: float | None = None, opaque_backward: bool = False,
+                   held: int | None = None) -> float:
         """The peak of the graph with ``members`` run as one op (module docstring).
         ``stacked``: the operands the op reads from a copy (stacks, packs), with their
         bytes (empty when every stack is a view); the node is ``None`` for a parameter
@@ -636,7 +637,9 @@ class Liveness:
         ``opaque_backward``: the op is a custom op whose backward allocates buffers the
         estimate cannot see (hetero_towers packed, CPU: 22 MiB above the saved activations
         against Inductor's 0.3); in training its gradients are charged over everything
-        saved, not only what is left when its backward runs."""
+        saved, not only what is left when its backward runs. ``held``: in training, the bytes
+        the op's backward holds beyond the members' (``GroupRule.backward_held``), in place of
+        the default (every output gradient at once, less one member's)."""
         index = self.index
         members = [m for m in members if m in index]
         if len(members) < 2:
@@ -659,17 +662,19 @@ class Liveness:
             touched = {k for x in list(member_set) + list(below) for i in self.inputs[x] for k in self.keys[i]}
             touched.update(k for x in list(member_set) + list(below) for k in self.keys[x])
             bound = self.peak + sum(self.size[k] for k in touched if k not in self.resident) + sum(b for _, b in stacked) + shared
+            bound += held if (held is not None and self.saved_for_backward) else 0
             if bound <= allowed:
                 return bound
-        memo = (tuple(members), tuple(stacked), opaque_backward)  # the driver asks again for a group it retries
+        memo = (tuple(members), tuple(stacked), opaque_backward, held)  # the driver asks again for a group it retries
         if memo not in self._group_peaks:
-            self._group_peaks[memo] = self._simulate_group(members, stacked, at, below, shared, opaque_backward)
+            self._group_peaks[memo] = self._simulate_group(members, stacked, at, below, shared, opaque_backward, held)
         return self._group_peaks[memo]
 
-    def _simulate_group(self, members: list[fx.Node], stacked: list[tuple[fx.Node | None, int]], at: int, below: set[Any], shared: int = 0, opaque_backward: bool = False) -> float:
+    def _simulate_group(self, members: list[fx.Node], stacked: list[tuple[fx.Node | None, int]], at: int, below: set[Any], shared: int = 0, opaque_backward: bool = False,
+                        held: int | None = None) -> float:
         """``with_group``'s simulation: the graph with the group as one op, its peak;
         ``shared``: ``shared_saved_bytes`` of the members, added at the end;
-        ``opaque_backward``: ``with_group``'s."""
+        ``opaque_backward``, ``held``: ``with_group``'s."""
         member_set = set(members)
         fused = FusedOp(f"fused_{members[-1].name}", self.kind[members[0]])
         stack = FusedOp(f"stack_{members[-1].name}", "stack") if stacked else None
@@ -718,7 +723,9 @@ class Liveness:
         if stack is not None:
             kind[stack] = "stack"
         gradients = 0.0
-        if self.saved_for_backward and grad_out:
+        if self.saved_for_backward and held is not None:
+            gradients = float(held)  # the rule's own count of what its backward holds
+        elif self.saved_for_backward and grad_out:
             # the loop's backward held one member's gradients at a time, the group's all of them
             per_member = [self.own_bytes(m) for m in members]
             grad_in = sum(b for node, b in stacked if node in self.keys and any(k in self.grad for k in self.keys[node]))

@@ -267,16 +267,19 @@ class Planner:
         where the graph is the step, a sliver at the later levels (see ``STEP_SLACK``)."""
         return STEP_SLACK if view.level == "torch_ir" else MEMORY_SLACK
 
-    def _budget_for(self, view: GraphView, members: list[fx.Node]) -> MemoryBudget:
+    def _budget_for(self, view: GraphView, members: list[fx.Node], held: Callable[[int], int | None] | None = None) -> MemoryBudget:
         """The graph's budget for a group of ``members``. A training group's backward holds
         the output gradients of all its members at once; the estimate credits it with what
         the ops depending on every member saved and have freed by then. Past the later
         levels' sliver that credit decides more than it has been measured to bear (mmoe's
         six expert projections, 24 MiB of gradients, were estimated within the step's
         allowance and measured 23.7 MiB over Inductor's peak), so a group whose gradients
-        alone exceed the step's allowance is judged with the sliver (``MEMORY_SLACK``)."""
+        alone exceed the step's allowance is judged with the sliver (``MEMORY_SLACK``),
+        unless its rule says what its backward holds (``held``): then no credit is taken."""
         budget = self._budget
         assert budget is not None
+        if held is not None and held(len(members)) is not None:
+            return budget
         if budget.slack_bytes > MEMORY_SLACK and self._liveness(view).gradient_bytes(members) > budget.slack_bytes:
             return MemoryBudget(budget.base_peak, self.memory_increase, MEMORY_SLACK)
         return budget
@@ -288,10 +291,11 @@ class Planner:
         return self._live
 
     def _peak_with(self, view: GraphView, members: list[fx.Node], copies: list[list[Any]] | None, custom_op: bool = False,
-                   budget: MemoryBudget | None = None) -> float:
+                   budget: MemoryBudget | None = None, held: Callable[[int], int | None] | None = None) -> float:
         budget = budget or self._budget
         allowed = budget.allowed if budget is not None else None
-        return self._liveness(view).with_group(members, self._stacked_inputs(view, members, copies), allowed=allowed, opaque_backward=custom_op)
+        return self._liveness(view).with_group(members, self._stacked_inputs(view, members, copies), allowed=allowed, opaque_backward=custom_op,
+                                               held=held(len(members)) if held is not None else None)
 
     @staticmethod
     def _stacked_inputs(view: GraphView, members: list[fx.Node], copies: list[list[Any]] | None = None) -> list[tuple[fx.Node | None, int]]:
@@ -327,15 +331,17 @@ class Planner:
             return list(range(len(members)))
         return sorted(range(len(members)), key=lambda i: _result_bytes(view, members[i]))
 
-    def chunk(self, view: GraphView, members: list[fx.Node], min_group: int, copies: list[list[Any]] | None = None, custom_op: bool = False) -> Cut | None:
+    def chunk(self, view: GraphView, members: list[fx.Node], min_group: int, copies: list[list[Any]] | None = None, custom_op: bool = False,
+              held: Callable[[int], int | None] | None = None) -> Cut | None:
         """``None`` when every member fits the memory budget; else the group cut into
         chunks that fit (``core.group.Cut``). Results of different sizes (ordered smallest
         first by ``order``): the longest prefix that fits, then the rest as a group of its
         own (cut again if it must be); results of one size: balanced chunks (8 of which at
         most 5 fit: 4 + 4). ``copies``: what the replacement copies
         (``GroupRule.copied_operands``; ``None``: the members' first inputs); ``custom_op``:
-        the replacement is one of our custom ops (``GroupRule.custom_op``)."""
-        sized = self._fitting(view, members, min_group, copies, custom_op)
+        the replacement is one of our custom ops (``GroupRule.custom_op``); ``held``: what
+        its backward holds for the first n members, where the rule says (``GroupRule.held_in_backward``)."""
+        sized = self._fitting(view, members, min_group, copies, custom_op, held)
         if sized is None:
             return None
         size, why = sized
@@ -351,13 +357,14 @@ class Planner:
         parts = tuple(tuple(range(start, min(start + size, len(members)))) for start in range(0, len(members), size))
         return Cut(tuple(p for p in parts if len(p) >= smallest), f"{where} cut into groups of {size} ({why})")
 
-    def _fitting(self, view: GraphView, members: list[fx.Node], min_group: int, copies: list[list[Any]] | None, custom_op: bool) -> tuple[int, str] | None:
+    def _fitting(self, view: GraphView, members: list[fx.Node], min_group: int, copies: list[list[Any]] | None, custom_op: bool,
+                 held: Callable[[int], int | None] | None = None) -> tuple[int, str] | None:
         """``None`` when every member fits the memory budget; else the members per chunk
         (0: not even ``min_group`` fit) and why."""
         if self._budget is None or len(members) < 2:
             return None
-        budget = self._budget_for(view, members)
-        whole = self._peak_with(view, members, copies, custom_op, budget)
+        budget = self._budget_for(view, members, held)
+        whole = self._peak_with(view, members, copies, custom_op, budget, held)
         if budget.fits(whole):
             return None
         cut = not self._reads_parts_of_one_tensor(view, members)
@@ -369,7 +376,7 @@ class Planner:
             lo, hi = max(2, min_group), len(members) - 1
             while lo <= hi:
                 size = (lo + hi) // 2
-                if budget.fits(self._peak_with(view, members[:size], copies, custom_op, budget)):
+                if budget.fits(self._peak_with(view, members[:size], copies, custom_op, budget, held)):
                     k, lo = size, size + 1
                 else:
                     hi = size - 1

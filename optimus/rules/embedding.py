@@ -49,7 +49,7 @@ import torch
 import torch.fx as fx
 
 from ..core.group import Group, group_rule
-from ..core.symbolic import concrete_int, fold_exact_floordiv, is_symbolic, known_eq, known_lt, known_nonneg, known_sizes_eq, sym_key
+from ..core.symbolic import concrete_int, size_hint, fold_exact_floordiv, is_symbolic, known_eq, known_lt, known_nonneg, known_sizes_eq, sym_key
 from ..core.view import GraphView, getitem_users, is_int
 from ..core.vocab import Call, ParamRef, register_extern_op
 from ..kernels.embedding_bag import MODES
@@ -306,6 +306,67 @@ def _packed_indices(g: Group) -> list[list[Any]]:
     return lists
 
 
+# What the op's backward allocates (kernels/embedding_bag/kernel.py): per index entry, the
+# deterministic backward's keys, bag ids and scales (4 bytes each), the sorted keys (4), the
+# permutation (8) and the sort's own buffers (about 20); fixed bags in pieces of whole tables.
+_KEY_BYTES_PER_ENTRY = 44
+_KEY_PIECE = 1 << 16
+
+
+def _largest_piece(entries: list[int], fixed: bool) -> int:
+    """The most entries the deterministic backward sorts at once (``EBSignature.key_pieces``)."""
+    if not fixed:
+        return sum(entries)
+    largest = piece = 0
+    for n in entries:
+        piece = n if piece and piece + n > _KEY_PIECE else piece + n
+        largest = max(largest, piece)
+    return largest
+
+
+def _output_gradient_in_place(g: Group, lks: list[Lookup]) -> bool:
+    """A cat along dim 1 takes every member's output, in member order, next to each other, and
+    nothing else reads them: the members' gradients were slices of the cat's gradient, and the
+    op's output (the cat's input once ``split_cat_to_identity`` runs) gets that slice, which its
+    backward reads where it lies."""
+    view = g.view
+    outs = [_pooled_nodes(lk.call, view) for lk in lks]
+    if any(o is None or len(o) != 1 or len(o[0].users) != 1 for o in outs):
+        return False
+    cat = next(iter(outs[0][0].users))
+    c = view.classify(cat)
+    if c is None or c.op != "cat" or any(next(iter(o[0].users)) is not cat for o in outs):
+        return False
+    tensors, dim = list(c.args.get("tensors") or []), c.args.get("dim", 0)
+    if not is_int(dim) or dim % 2 != 1 or any(view.rank(o[0]) != 2 for o in outs):
+        return False
+    first = tensors.index(outs[0][0]) if outs[0][0] in tensors else -1
+    return first >= 0 and tensors[first:first + len(outs)] == [o[0] for o in outs]
+
+
+def _backward_held(g: Group, n: int) -> int:
+    """What the grouped lookup's backward over the first ``n`` members holds beyond the
+    lookups' own backwards (the planner's ``GroupRule.backward_held``): the deterministic
+    backward's key and sort buffers for its largest piece, or the atomic one's fp32 workspace
+    for 16-bit tables; and the output gradient less one member's, unless a cat hands the op a
+    slice of its own gradient (``_output_gradient_in_place``)."""
+    view = g.view
+    lks = [lookup_of(c, view) for c in g.members[:n]]
+    weights = [_weight_val(view, lk.weight) for lk in lks]
+    if not any(_grad_flows(view, w) for w in weights):
+        return 0
+    if g.options["deterministic"]:
+        entries = [size_hint(view.tensor_val(lk.indices).numel()) for lk in lks]
+        held = _largest_piece(entries, lks[0].offsets is None) * _KEY_BYTES_PER_ENTRY
+    else:
+        w0 = weights[0]
+        held = 0 if w0.dtype == torch.float32 else sum(size_hint(w.numel()) for w in weights) * 4
+    if not _output_gradient_in_place(g, lks):  # a gradient flows: Torch-IR, where a lookup's node is its output
+        outs = [g.nbytes(lk.call.node) for lk in lks]
+        held += sum(outs) - max(outs)
+    return held
+
+
 @group_rule(
     ("embedding", "embedding_bag"),
     key=_lookup_key,
@@ -314,6 +375,7 @@ def _packed_indices(g: Group) -> list[list[Any]]:
     options={"deterministic": True},
     copies=_packed_indices,
     custom_op=True,
+    backward_held=_backward_held,
     # Not yet run under CUDA graph capture. There an op's cached device tables must not stay
     # alive in the graph's pool (cudagraph trees refuse the first replay: "tensors in the
     # cudagraph pool not tracked as outputs"); the grouped-linear and layer-norm ops allocate

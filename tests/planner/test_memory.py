@@ -385,3 +385,22 @@ def test_our_custom_op_rules_are_charged_over_everything_saved():
     assert grouped_kernels.grouped_linear.custom_op and grouped_kernels.batched_layer_norm.custom_op
     assert grouped_kernels.grouped_mm.custom_op and embedding.group_embedding_lookups.custom_op
     assert not horizontal.batch_linear.custom_op and not horizontal.batch_mm.custom_op
+
+
+def test_what_a_rule_says_its_backward_holds_replaces_the_default_charge():
+    # GroupRule.backward_held: the bytes the op's backward holds beyond the members' (its
+    # buffers; no output gradient when it reads a cat's slice in place) are charged in place
+    # of the default (every output gradient at once, less one member's)
+    xs = [torch.randn(64, 16) for _ in range(4)]
+    ws = [torch.randn(16, 256) for _ in range(4)]
+    gm = _as_training(make_fx(_sequences)(xs, ws))
+    mms = _mms(gm)
+    training = Liveness(gm.graph, saved_for_backward=True)
+    one = 64 * 256 * 4
+    default, nothing = training.with_group(mms, opaque_backward=True), training.with_group(mms, opaque_backward=True, held=0)
+    assert default - nothing >= 3 * one - 64  # the default: four output gradients at once, less one
+    extra, big = 5 * 2**20, 2**30  # held at the end of the forward, over what is still saved there
+    assert training.with_group(mms, opaque_backward=True, held=extra) >= nothing
+    assert training.with_group(mms, opaque_backward=True, held=big) - training.with_group(mms, opaque_backward=True, held=big - extra) == extra
+    inference = Liveness(gm.graph)
+    assert inference.with_group(mms, held=extra) == inference.with_group(mms)  # no backward: nothing held

@@ -417,3 +417,41 @@ def test_cpu_tensors_decline_by_default(monkeypatch):
     run = check_level(_three_bags(mode="sum"), [torch.randint(0, 10, (3, 3, 2))] + _tables(), "torch_ir")
     assert grouped_ops(run) == []
     assert _facts.CPU_REFERENCE_PATH in declines(run), declines(run)
+
+
+# ------------------------------------------------------------------ what the planner is told
+@pytest.mark.parametrize("cat", [True, False])
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_what_the_grouped_backward_holds(cat, deterministic):
+    """``backward_held``: the deterministic backward's key and sort buffers for its largest piece
+    (44 bytes an entry; the atomic one holds nothing more for fp32 tables), plus the output
+    gradient less one member's unless a cat takes the outputs in order (the op then reads the
+    slice of the cat's gradient the lookups' gradients were)."""
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    from optimus.core.group import find_groups
+    from optimus.core.levels import make_view
+    from optimus.core.registry import REGISTRY
+    from optimus.rules import embedding
+
+    def f(x, w0, w1, w2):
+        outs = [F.embedding_bag(x[:, i], w, mode="sum") for i, w in enumerate((w0, w1, w2))]
+        return torch.cat([x[:, 0].float()] + outs, 1) if cat else tuple(o * 2 for o in outs)
+
+    batch, bag, dims = 8, 5, (4, 6, 8)
+    x = torch.randint(0, 10, (batch, 3, bag))
+    for grad in (True, False):
+        ws = [torch.randn(10, d, requires_grad=grad) for d in dims]
+        gm = fx.symbolic_trace(f)
+        FakeTensorProp(gm).propagate(x, *ws)
+        for n in gm.graph.find_nodes(op="placeholder"):  # tables as Dynamo records parameters
+            if n.name.startswith("w"):
+                n.meta["val"] = n.meta["val"].detach().requires_grad_(grad)
+        view = make_view("torch_ir", gm)
+        rule = REGISTRY.get(RULE)
+        options = {**rule.option_defaults(), "deterministic": deterministic}
+        (group,) = find_groups(view, rule, options, lambda n: None, lambda n, r: None)
+        outputs = [batch * d * 4 for d in dims]
+        want = (3 * batch * bag * 44 if deterministic else 0) + (0 if cat else sum(outputs) - max(outputs))
+        assert embedding._backward_held(group, 3) == (want if grad else 0), (cat, deterministic, grad)
+        assert embedding._backward_held(group, 2) == ((2 * batch * bag * 44 if deterministic else 0) + (0 if cat else outputs[0]) if grad else 0)

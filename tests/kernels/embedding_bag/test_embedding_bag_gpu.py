@@ -41,6 +41,35 @@ def test_fixed_bags_and_list_form_gpu():
     check_case(_case(torch.float32, bag=[3, 1, 1, 8, 2, 1], seed=3), 1e-4)
 
 
+@pytest.mark.parametrize("dims", [[16, 128, 64, 32], [16, 40, 8, 300]])  # aligned: vector loads; not
+def test_fixed_bags_in_pieces_and_a_cat_gradient_gpu(dims):
+    """Fixed bags through the deterministic backward in pieces of whole tables, the output's
+    gradient a slice of a cat's (row stride wider than the output): against the fp64 oracle,
+    and bitwise against one piece and a contiguous copy of the gradient."""
+    kmod = __import__(K.__name__ + ".embedding_bag.kernel", fromlist=["kernel"])
+    c = to_device(make_case([1000, 50_000, 3000, 20_000], dims, B=512, modes=["sum", "mean", "sum", "sum"],
+                            pads=[3, None, 0, None], bag=[3, 8, 1, 20], dtype=torch.float32, seed=6), "cuda")
+    check_case(c, 1e-4)
+    width = sum(dims)
+    gy = torch.randn(512, 8 + width + 24, device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    saved = kmod.get_config()["key_piece"]
+    grads = []
+    try:
+        for piece, strided in ((1024, True), (1 << 30, True), (1 << 30, False)):
+            kmod.set_config(key_piece=piece)
+            out = K.grouped_embedding_bag(c.weights, c.indices, c.offsets, mode=c.modes, padding_idx=c.pads)
+            if strided:
+                wide = torch.cat([torch.zeros(512, 8, device="cuda"), out, torch.zeros(512, 24, device="cuda")], 1)
+                grads.append(torch.autograd.grad(wide, c.weights, gy))
+            else:
+                grads.append(torch.autograd.grad(out, c.weights, gy[:, 8:8 + width].contiguous()))
+    finally:
+        kmod.set_config(key_piece=saved)
+    for other in grads[1:]:
+        for a, b in zip(grads[0], other):
+            assert torch.equal(a, b)
+
+
 def test_deterministic_backward_is_bitwise_stable_gpu():
     c = _case(torch.bfloat16, seed=4, hot=[1, 2, None, 5, None, 0])
     idx, off, _ = packed(c)
