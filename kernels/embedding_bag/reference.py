@@ -141,6 +141,9 @@ def forward(weights: Sequence[Tensor], indices: Tensor, offsets: Optional[Tensor
     return out.to(w0.dtype)
 
 
+GATHER_PIECE = 1 << 12  # index entries whose gradient rows the backward gathers at once
+
+
 def backward(grad_out: Tensor, weights: Sequence[Tensor], indices: Tensor, offsets: Optional[Tensor],
              psw: Optional[Tensor], modes: Sequence[int], pads: Sequence[int], bag_sizes: Sequence[int],
              need_w: Sequence[bool], sparse: Sequence[bool], need_psw: bool,
@@ -173,29 +176,38 @@ def backward(grad_out: Tensor, weights: Sequence[Tensor], indices: Tensor, offse
         psw_t = psw[a:a + n] if psw is not None else None
         mode = modes[t]
         okf, okg, s = _scales(idx, bag, B, mode, pads[t], psw_t, ct, keep_pad_fwd=(mode == MODE_EMB))
-        rows_g = g_t.index_select(0, bag)
-        if need_w[t]:
-            # rows_g is a fresh tensor: scaled in place unless the psw gradient reads it below
-            contrib = rows_g * s[:, None] if (need_psw and mode == MODE_SUM) else rows_g.mul_(s[:, None])
-            if sparse[t]:
-                cnt = int(index_counts[t]) if offsets is not None else B * bag_sizes[t]
-                if cnt != n:
-                    raise ValueError(f"{FN}: index_counts[{t}] = {cnt} but table {t} has {n} index entries")
-                pad = pads[t]
-                sp_rows.append(torch.where(okg, idx, torch.full_like(idx, pad if pad >= 0 else 0)))
-                sp_vals.append(contrib.to(dt).reshape(-1))
-            else:
-                gw = dense_flat[dense_at:dense_at + N * D].view(N, D)
-                dense_at += N * D
-                # entries of the padding row get no gradient (without one, every entry counts: no masked copies)
-                rows_idx, rows_add = (idx[okg], contrib[okg]) if pads[t] >= 0 else (idx, contrib)
-                if ct == dt:
-                    gw.index_add_(0, rows_idx, rows_add)
-                else:  # 16-bit tables: accumulated in fp32 and rounded once, like the kernels
-                    gw.copy_(torch.zeros(N, D, dtype=ct, device=w.device).index_add_(0, rows_idx, rows_add))
-        if need_psw and mode == MODE_SUM:
-            dots = (rows_g * w.index_select(0, idx).to(ct)).sum(1) * okf.to(ct)
-            pswg[a:a + n] = dots.to(pswg.dtype)
+        if need_w[t] and sparse[t]:
+            cnt = int(index_counts[t]) if offsets is not None else B * bag_sizes[t]
+            if cnt != n:
+                raise ValueError(f"{FN}: index_counts[{t}] = {cnt} but table {t} has {n} index entries")
+        dense_t = need_w[t] and not sparse[t]
+        if dense_t:
+            gw = dense_flat[dense_at:dense_at + N * D].view(N, D)
+            dense_at += N * D
+            # 16-bit tables: accumulated in fp32 and rounded once, like the kernels
+            acc = gw if ct == dt else torch.zeros(N, D, dtype=ct, device=w.device)
+        # the entries in pieces: the gathered gradient rows are one piece's at a time (a few
+        # MiB; the kernels gather none); index_add_ keeps the entries' order, so the sums are
+        # those of one piece
+        for c0 in range(0, n, GATHER_PIECE):
+            c = slice(c0, min(c0 + GATHER_PIECE, n))
+            rows_g = g_t.index_select(0, bag[c])
+            if need_w[t]:
+                # rows_g is a fresh tensor: scaled in place unless the psw gradient reads it below
+                contrib = rows_g * s[c, None] if (need_psw and mode == MODE_SUM) else rows_g.mul_(s[c, None])
+                if sparse[t]:
+                    pad = pads[t]
+                    sp_rows.append(torch.where(okg[c], idx[c], torch.full_like(idx[c], pad if pad >= 0 else 0)))
+                    sp_vals.append(contrib.to(dt).reshape(-1))
+                elif pads[t] >= 0:  # entries of the padding row get no gradient
+                    acc.index_add_(0, idx[c][okg[c]], contrib[okg[c]])
+                else:  # without one, every entry counts: no masked copies
+                    acc.index_add_(0, idx[c], contrib)
+            if need_psw and mode == MODE_SUM:
+                dots = (rows_g * w.index_select(0, idx[c]).to(ct)).sum(1) * okf[c].to(ct)
+                pswg[a + c0:c.stop + a] = dots.to(pswg.dtype)
+        if dense_t and acc is not gw:
+            gw.copy_(acc)
     spv = torch.cat(sp_vals) if sp_vals else w0.new_zeros(0)
     spr = torch.cat(sp_rows) if sp_rows else torch.zeros(0, dtype=torch.int64, device=w0.device)
     return dense_flat, spv, spr, pswg

@@ -119,3 +119,24 @@ def test_embedding_backward_accumulates_into_one_gradient_buffer():
     torch.testing.assert_close(dense, torch.cat([g.reshape(-1) for g in got]))
     fwd = eb_ref.forward(weights, indices, None, None, modes, pads, [L] * T)
     torch.testing.assert_close(fwd, torch.cat(outs, 1).detach())
+
+
+def test_embedding_backward_gathers_in_pieces_with_the_same_sums(monkeypatch):
+    """The backward gathers one piece of a table's entries at a time (``GATHER_PIECE``): dense
+    (fp32 and bf16, with padding rows), sparse and per-sample-weight gradients equal one
+    piece's bitwise."""
+    torch.manual_seed(4)
+    T, N, D, B, L = 3, 50, 8, 16, 5
+    for dt in (torch.float32, torch.bfloat16):
+        weights = [torch.randn(N, D).to(dt) for _ in range(T)]
+        indices = torch.randint(0, N, (T * B * L,))
+        psw = torch.rand(T * B * L).to(dt)
+        grad_out = torch.randn(B, T * D).to(dt)
+        args = (grad_out, weights, indices, None, psw, [0, 0, 1], [3, -1, 2], [L] * T, [True] * T,
+                [False, True, False], True, [])
+        got = {}
+        for piece in (7, 1 << 20):
+            monkeypatch.setattr(eb_ref, "GATHER_PIECE", piece)
+            got[piece] = eb_ref.backward(*args)
+        for a, b in zip(*got.values()):
+            assert torch.equal(a, b), dt
