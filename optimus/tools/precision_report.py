@@ -88,10 +88,12 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from optimus.tools.bench import precision as bench_precision
+    from optimus.tools.bench.external import EXTERNAL
     from optimus.tools.models import model_names
 
     p = argparse.ArgumentParser(prog="python -m optimus.tools.precision_report", description=__doc__.splitlines()[0])
-    p.add_argument("--models", default=",".join(model_names()), help="comma-separated zoo models (default: all)")
+    p.add_argument("--models", default=",".join(model_names()),
+                   help=f"comma-separated zoo models (default: all) or external ones ({', '.join(EXTERNAL)})")
     p.add_argument("--modes", default=",".join(MODES), help="inference,training")
     p.add_argument("--precisions", default=",".join(DEFAULT_PRECISIONS),
                    help=f"comma list of {', '.join(bench_precision.PRECISION_NAMES)} (default: fp32,amp-bf16)")
@@ -106,9 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if unknown or not modes:
             raise ValueError(f"unknown mode {', '.join(map(repr, unknown)) or repr(args.modes)}; "
                              f"choose from: {', '.join(MODES)}")
-        unknown = [m for m in args.models.split(",") if m not in model_names()]
+        known = [*model_names(), *EXTERNAL]
+        unknown = [m for m in args.models.split(",") if m not in known]
         if unknown:
-            raise ValueError(f"unknown zoo model {', '.join(map(repr, unknown))}; choose from: {', '.join(model_names())}")
+            raise ValueError(f"unknown model {', '.join(map(repr, unknown))}; choose from: {', '.join(known)}")
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

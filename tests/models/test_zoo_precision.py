@@ -49,7 +49,7 @@ def test_table_flags_what_misses_the_target() -> None:
 
 def test_bad_input(capsys) -> None:
     assert precision_report.main(["--models", "resnet"]) == 2
-    assert "unknown zoo model 'resnet'" in capsys.readouterr().err
+    assert "unknown model 'resnet'" in capsys.readouterr().err
     assert precision_report.main(["--precisions", "fp8"]) == 2
     assert "unknown precision 'fp8'" in capsys.readouterr().err
     assert precision_report.main(["--modes", "fly"]) == 2
