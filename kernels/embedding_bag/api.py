@@ -12,6 +12,7 @@ plain-torch path call ``torch.ops.optimus.grouped_embedding_bag`` (``op.py``).
 
 from __future__ import annotations
 
+import os
 from typing import List, Optional, Sequence, Union
 
 import torch
@@ -26,6 +27,14 @@ __all__ = ["grouped_embedding_bag", "MODES"]
 
 FN = "grouped_embedding_bag"
 MODES = {"sum": 0, "mean": 1, "embedding": 2}
+KEY_PIECE_ENV = "OPTIMUS_EMB_KEY_PIECE"
+
+
+def key_piece() -> int:
+    """Index entries per piece of the deterministic backward with fixed bags, whose key and sort
+    buffers hold one piece at a time: ``OPTIMUS_EMB_KEY_PIECE``, else 65,536 (about 2.8 MiB of
+    buffers). The kernels read it once; the graph rule's memory estimate reads it too."""
+    return int(os.environ.get(KEY_PIECE_ENV) or 1 << 16)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
 

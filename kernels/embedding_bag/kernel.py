@@ -78,6 +78,7 @@ import triton.language as tl
 from ..runtime import tables as _dt
 from ..runtime.backend import device_guard, interpret_mode, next_pow2
 from ..runtime.layout import unit_stride_rows
+from .api import key_piece
 
 # ---------------------------------------------------------------------------------------------
 # metadata table layout: int64 [T, NCOL], one row per table
@@ -484,8 +485,8 @@ _CFG = {
     "seg_block_d": 64,
     # entries per piece of the deterministic backward (fixed bags): its buffers, about 44 bytes
     # an entry (keys, bag ids, scales, the sorted keys, the permutation and the sort's own), are
-    # a few MiB whatever the group's size
-    "key_piece": 1 << 16,
+    # a few MiB whatever the group's size (api.key_piece: OPTIMUS_EMB_KEY_PIECE)
+    "key_piece": key_piece(),
 }
 if _INTERPRET:
     _CFG.update(fwd_elems={2: 64, 4: 64}, walk_elems={2: 64, 4: 64}, seg_elems={2: 64, 4: 64}, fwd_warps=1,
@@ -495,8 +496,6 @@ for _k, _env in (("fwd_elems", "OPTIMUS_EMB_TILE_ELEMS"), ("walk_elems", "OPTIMU
     if os.environ.get(_env):
         _v = int(os.environ[_env])
         _CFG[_k] = {2: _v, 4: _v}
-if os.environ.get("OPTIMUS_EMB_KEY_PIECE"):
-    _CFG["key_piece"] = int(os.environ["OPTIMUS_EMB_KEY_PIECE"])
 
 
 def set_config(**kw) -> None:

@@ -49,10 +49,10 @@ import torch
 import torch.fx as fx
 
 from ..core.group import Group, group_rule
-from ..core.symbolic import concrete_int, size_hint, fold_exact_floordiv, is_symbolic, known_eq, known_lt, known_nonneg, known_sizes_eq, sym_key
+from ..core.symbolic import concrete_int, fold_exact_floordiv, is_symbolic, known_eq, known_lt, known_nonneg, known_sizes_eq, size_hint, sym_key
 from ..core.view import GraphView, getitem_users, is_int
 from ..core.vocab import Call, ParamRef, register_extern_op
-from ..kernels.embedding_bag import MODES
+from ..kernels.embedding_bag import MODES, key_piece
 from ._facts import emittable_shape, kernel_op_device_problem
 
 GROUPED_OP = "grouped_embedding_bag"
@@ -310,16 +310,15 @@ def _packed_indices(g: Group) -> list[list[Any]]:
 # deterministic backward's keys, bag ids and scales (4 bytes each), the sorted keys (4), the
 # permutation (8) and the sort's own buffers (about 20); fixed bags in pieces of whole tables.
 _KEY_BYTES_PER_ENTRY = 44
-_KEY_PIECE = 1 << 16
 
 
 def _largest_piece(entries: list[int], fixed: bool) -> int:
     """The most entries the deterministic backward sorts at once (``EBSignature.key_pieces``)."""
     if not fixed:
         return sum(entries)
-    largest = piece = 0
+    cap, largest, piece = key_piece(), 0, 0
     for n in entries:
-        piece = n if piece and piece + n > _KEY_PIECE else piece + n
+        piece = n if piece and piece + n > cap else piece + n
         largest = max(largest, piece)
     return largest
 
