@@ -437,6 +437,10 @@ def test_a_training_group_whose_gradients_exceed_the_steps_allowance_gets_the_sl
     assert planner._liveness(view).gradient_bytes(members) == 6 * 1024 * width * 4
     budget = planner._budget_for(view, members)
     assert budget.slack_bytes == (plan.STEP_SLACK if step_allowance else memory.MEMORY_SLACK)
+    # a rule that says what its backward holds (GroupRule.backward_held) takes no freed-buffer
+    # credit, so its group keeps the step's allowance whatever its gradients
+    assert planner._budget_for(view, members, held=lambda n: 0).slack_bytes == plan.STEP_SLACK
+    assert planner._budget_for(view, members, held=lambda n: None).slack_bytes == budget.slack_bytes
 
 
 class GatesAndExperts(torch.nn.Module):
