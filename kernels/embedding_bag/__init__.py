@@ -9,6 +9,6 @@ eager.py      the eager fast path: per-signature plans, an ``autograd.Function``
 api.py        the public function: validation, normalisation of the input forms, which path
 """
 
-from .api import MODES, grouped_embedding_bag, key_piece
+from .api import MODES, grouped_embedding_bag, key_piece, table_pieces
 
-__all__ = ["grouped_embedding_bag", "MODES", "key_piece"]
+__all__ = ["grouped_embedding_bag", "MODES", "key_piece", "table_pieces"]

@@ -35,6 +35,23 @@ def key_piece() -> int:
     buffers hold one piece at a time: ``OPTIMUS_EMB_KEY_PIECE``, else 65,536 (about 2.8 MiB of
     buffers). The kernels read it once; the graph rule's memory estimate reads it too."""
     return int(os.environ.get(KEY_PIECE_ENV) or 1 << 16)
+
+
+def table_pieces(entries: Sequence[int], cap: Optional[int] = None) -> List[tuple]:
+    """The runs of consecutive tables ``(first, end)`` the deterministic backward sorts one at a
+    time (fixed bags): as many tables as fit ``cap`` index entries together (default
+    ``key_piece()``); a larger table is a run of its own."""
+    cap = key_piece() if cap is None else cap
+    out, first, total = [], 0, 0
+    for t, n in enumerate(entries):
+        if total and total + n > cap:
+            out.append((first, t))
+            first, total = t, 0
+        total += n
+    out.append((first, len(entries)))
+    return out
+
+
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
 

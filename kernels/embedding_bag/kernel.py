@@ -78,7 +78,7 @@ import triton.language as tl
 from ..runtime import tables as _dt
 from ..runtime.backend import device_guard, interpret_mode, next_pow2
 from ..runtime.layout import unit_stride_rows
-from .api import key_piece
+from .api import key_piece, table_pieces
 
 # ---------------------------------------------------------------------------------------------
 # metadata table layout: int64 [T, NCOL], one row per table
@@ -607,16 +607,11 @@ class EBSignature:
         n_tiles = [-(-B // self.bbw[t]) if self.ds[t] else 0 for t in range(self.T)]
         if not self.fixed:
             return [(0, sum(n_tiles), 0, nidx)]
-        cap = _CFG["key_piece"]
-        out, p0, e0, p, e = [], 0, 0, 0, 0
-        for t in range(self.T):
-            ne = B * self.bag_sizes[t]
-            if e > e0 and e - e0 + ne > cap:
-                out.append((p0, p, e0, e))
-                p0, e0 = p, e
-            p, e = p + n_tiles[t], e + ne
-        out.append((p0, p, e0, e))
-        return out
+        entries = [B * n for n in self.bag_sizes]
+        tile_at = list(itertools.accumulate(n_tiles, initial=0))
+        entry_at = list(itertools.accumulate(entries, initial=0))
+        return [(tile_at[a], tile_at[b], entry_at[a], entry_at[b])
+                for a, b in table_pieces(entries, _CFG["key_piece"])]
 
     def tiles(self, B: int, device: torch.device):
         """(fwd tile map, #fwd tiles, walk tile map, #walk tiles) for batch size B, cached."""
@@ -819,6 +814,10 @@ def backward(grad_out, weights, indices, offsets, psw, sig: EBSignature, need_w,
     # the deterministic backward walks, sorts and reduces one piece of the entries at a time
     # (EBSignature.key_pieces), so its key arrays and the sort's buffers hold one piece
     pieces = sig.key_pieces(B, nidx) if need_keys else [(0, n_walk, 0, nidx)]
+    if need_keys:  # the segment kernel's tile: the widest dense table's columns, C sorted positions
+        dense_d = max([sig.ds[t] for t in range(sig.T) if goff[t] >= 0], default=1)
+        bd = min(_CFG["seg_block_d"], max(16, next_pow2(dense_d)))
+        c = max(2, sig.seg_elems // bd)
     with device_guard(dev):  # Triton launches on the current device, not the tensors'
         dummy = w0
         for p0, p1, e0, e1 in pieces:
@@ -843,9 +842,6 @@ def backward(grad_out, weights, indices, offsets, psw, sig: EBSignature, need_w,
                 **_bb_kwargs(sig.bbw_cls))
             if need_keys:
                 skeys, perm = torch.sort(keys, stable=True)
-                dense_d = max([sig.ds[t] for t in range(sig.T) if goff[t] >= 0], default=1)
-                bd = min(_CFG["seg_block_d"], max(16, next_pow2(dense_d)))
-                c = max(2, sig.seg_elems // bd)
                 _emb_seg_kernel[((n + c - 1) // c,)](
                     skeys, perm, bag_ids, scales, grad_out, ws, tab, n, B, sig.T, g_rs, sig.sent,
                     ALIGN=align, C=c, BD=bd, num_warps=_CFG["seg_warps"])

@@ -52,7 +52,7 @@ from ..core.group import Group, group_rule
 from ..core.symbolic import concrete_int, fold_exact_floordiv, is_symbolic, known_eq, known_lt, known_nonneg, known_sizes_eq, size_hint, sym_key
 from ..core.view import GraphView, getitem_users, is_int
 from ..core.vocab import Call, ParamRef, register_extern_op
-from ..kernels.embedding_bag import MODES, key_piece
+from ..kernels.embedding_bag import MODES, table_pieces
 from ._facts import emittable_shape, kernel_op_device_problem
 
 GROUPED_OP = "grouped_embedding_bag"
@@ -313,14 +313,10 @@ _KEY_BYTES_PER_ENTRY = 44
 
 
 def _largest_piece(entries: list[int], fixed: bool) -> int:
-    """The most entries the deterministic backward sorts at once (``EBSignature.key_pieces``)."""
+    """The most entries the deterministic backward sorts at once (its runs of tables: ``table_pieces``)."""
     if not fixed:
         return sum(entries)
-    cap, largest, piece = key_piece(), 0, 0
-    for n in entries:
-        piece = n if piece and piece + n > cap else piece + n
-        largest = max(largest, piece)
-    return largest
+    return max(sum(entries[a:b]) for a, b in table_pieces(entries))
 
 
 def _output_gradient_in_place(g: Group, lks: list[Lookup]) -> bool:
